@@ -1,0 +1,146 @@
+"""Plain PyTorch reference for ReplaySSM: Gated DeltaNet verification with replay-based rollback.
+
+State layout (one entry per sequence slot ``s``; a batch row ``i`` uses slot ``slot_ids[i]``):
+
+- ``state``       [S, Hv, Dk, Dv] fp32: the checkpoint (committed) recurrent state.
+- ``ring_k``      [S, 2, Tmax, Hk, Dk] fp32: L2-normalised keys of recent tokens, two halves.
+- ``ring_v``      [S, 2, Tmax, Hv, Dv] fp32: values of recent tokens.
+- ``ring_g``      [S, 2, Tmax, Hv] fp32: log-decay ``g`` of recent tokens.
+- ``ring_beta``   [S, 2, Tmax, Hv] fp32: write strength ``beta`` of recent tokens.
+- ``ring_phase``  [S] int32: which half holds the tokens accepted at the last step but not yet folded.
+- ``pending_len`` [S] int32: how many of those tokens were accepted (the rollback cursor).
+- ``conv_buf``    [S, C, K-1+Tmax]: raw conv inputs; after a step, ``[:, :, n:n+K-1]`` is the
+  committed window when ``n`` tokens of the step were accepted.
+
+One verify step for T new tokens: fold the pending tokens into the checkpoint (state written once),
+compute the T outputs from it without storing per-token states, and park the T tokens' inputs in the
+other ring half. Rollback after acceptance is a cursor move done by the caller, once for all layers:
+``ring_phase ^= 1`` and ``pending_len = accepted``. Gated delta rule (``alpha = exp(g)``):
+``S' = alpha S; u = beta (v - S'^T k); S = S' + k u^T; o = S^T (q / sqrt(Dk))``.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """Same as flash-linear-attention / HF: ``x * rsqrt(sum(x^2) + eps)``."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def gdn_gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Tensor, Tensor]:
+    """``g = -exp(A_log) * softplus(a + dt_bias)`` and ``beta = sigmoid(b)``, both fp32."""
+    g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+    return g, b.float().sigmoid()
+
+
+def delta_step(S: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    """One gated delta-rule update. S [B, H, Dk, Dv]; k [B, H, Dk]; v [B, H, Dv]; g, beta [B, H]."""
+    S = S * g.exp()[..., None, None]
+    u = beta[..., None] * (v - torch.einsum("bhkv,bhk->bhv", S, k))
+    return S + k[..., :, None] * u[..., None, :]
+
+
+def _expand_heads(x: Tensor, num_v_heads: int) -> Tensor:
+    """Repeat key heads up to value heads (value head h reads key head h // (Hv // Hk))."""
+    return x.repeat_interleave(num_v_heads // x.shape[-2], dim=-2)
+
+
+def fold_pending(
+    state: Tensor,
+    ring_k: Tensor,
+    ring_v: Tensor,
+    ring_g: Tensor,
+    ring_beta: Tensor,
+    ring_phase: Tensor,
+    pending_len: Tensor,
+    slot_ids: Tensor,
+) -> Tensor:
+    """Return the states of ``slot_ids`` with their pending tokens applied (does not write)."""
+    compute_dtype = torch.float64 if state.dtype == torch.float64 else torch.float32
+    S = state[slot_ids].to(compute_dtype)
+    phase = ring_phase[slot_ids].long()
+    n = pending_len[slot_ids]
+    pk, pv = ring_k[slot_ids, phase], ring_v[slot_ids, phase]
+    pg, pb = ring_g[slot_ids, phase], ring_beta[slot_ids, phase]
+    num_v_heads = pv.shape[-2]
+    for t in range(pk.shape[1]):
+        live = (n > t)[:, None, None, None]
+        S_next = delta_step(
+            S,
+            _expand_heads(pk[:, t].to(compute_dtype), num_v_heads),
+            pv[:, t].to(compute_dtype),
+            pg[:, t].to(compute_dtype),
+            pb[:, t].to(compute_dtype),
+        )
+        S = torch.where(live, S_next, S)
+    return S
+
+
+def replay_verify_ref(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    b: Tensor,
+    A_log: Tensor,
+    dt_bias: Tensor,
+    state: Tensor,
+    ring_k: Tensor,
+    ring_v: Tensor,
+    ring_g: Tensor,
+    ring_beta: Tensor,
+    ring_phase: Tensor,
+    pending_len: Tensor,
+    slot_ids: Tensor,
+) -> Tensor:
+    """Verify T new tokens per sequence; returns o [B, T, Hv, Dv] in v's dtype.
+
+    q, k [B, T, Hk, Dk] and v [B, T, Hv, Dv] are the conv+SiLU outputs (q/k not yet normalised);
+    a, b [B, T, Hv] are the raw ``in_proj_a`` / ``in_proj_b`` outputs. Mutates ``state`` (pending
+    tokens folded in) and the ring half ``1 - ring_phase`` (the T new tokens); the caller then flips
+    ``ring_phase`` and sets ``pending_len`` to the accepted count.
+    """
+    T, Dk = k.shape[1], k.shape[-1]
+    num_v_heads = v.shape[-2]
+    S = fold_pending(state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids)
+    state[slot_ids] = S.to(state.dtype)
+
+    compute_dtype = S.dtype
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
+    kn = l2norm(k.to(compute_dtype))
+    qn = l2norm(q.to(compute_dtype)) * Dk**-0.5
+    vc = v.to(compute_dtype)
+    g, beta = g.to(compute_dtype), beta.to(compute_dtype)
+    out = torch.empty(v.shape, dtype=compute_dtype, device=v.device)
+    for t in range(T):
+        S = delta_step(S, _expand_heads(kn[:, t], num_v_heads), vc[:, t], g[:, t], beta[:, t])
+        out[:, t] = torch.einsum("bhkv,bhk->bhv", S, _expand_heads(qn[:, t], num_v_heads))
+
+    park = 1 - ring_phase[slot_ids].long()
+    ring_k[slot_ids, park, :T] = kn.to(ring_k.dtype)
+    ring_v[slot_ids, park, :T] = vc.to(ring_v.dtype)
+    ring_g[slot_ids, park, :T] = g.to(ring_g.dtype)
+    ring_beta[slot_ids, park, :T] = beta.to(ring_beta.dtype)
+    return out.to(v.dtype)
+
+
+def causal_conv_verify_ref(
+    x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor
+) -> Tensor:
+    """Depthwise causal conv + SiLU over T new inputs, continuing each slot's committed window.
+
+    x [B, T, C]; weight [C, K]; conv_buf [S, C, K-1+Tmax] (mutated: ``[:, :, :K-1+T]`` becomes the
+    committed window followed by the T new inputs). Returns y [B, T, C] in x's dtype.
+    """
+    B, T, C = x.shape
+    W = weight.shape[-1] - 1
+    buf = conv_buf[slot_ids]
+    start = pending_len[slot_ids].long()
+    idx = (start[:, None] + torch.arange(W, device=x.device)[None, :])[:, None, :].expand(B, C, W)
+    window = buf.gather(2, idx)
+    full = torch.cat([window, x.transpose(1, 2).to(buf.dtype)], dim=2)
+    y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
+    conv_buf[slot_ids, :, : W + T] = full
+    return F.silu(y).transpose(1, 2).to(x.dtype)
