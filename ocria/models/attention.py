@@ -1,0 +1,72 @@
+"""Gated full attention of the Qwen3.5 text decoder (output gate, q/k norm, GQA, partial mRoPE)."""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ocria.models.cache import TargetCache
+from ocria.models.config import TextConfig
+from ocria.models.layers import ZeroCenteredRMSNorm, apply_rotary
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, start: Tensor) -> None:
+    """Write k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at positions start[b] + t of slot slots[b]."""
+    pos = start.long()[:, None] + torch.arange(k.shape[1], device=k.device)[None, :]
+    rows = slots.long()[:, None].expand_as(pos)
+    k_cache[rows, :, pos] = k.to(k_cache.dtype)
+    v_cache[rows, :, pos] = v.to(v_cache.dtype)
+
+
+def cached_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor, attn_len: int,
+                     scale: float, causal_block: bool = True) -> Tensor:
+    """q [B, H, T, D] attends to the first ``attn_len`` cache entries of its slot. Query t sees keys
+    ``j <= start + t`` (causal) or ``j < start + T`` (``causal_block=False``: bidirectional block)."""
+    B, H, T, _ = q.shape
+    keys = k_cache[slots, :, :attn_len]
+    values = v_cache[slots, :, :attn_len]
+    rep = H // keys.shape[1]
+    keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
+    j = torch.arange(attn_len, device=q.device)
+    t = torch.arange(T, device=q.device)
+    limit = start.long()[:, None] + (t[None, :] if causal_block else T - 1)
+    mask = j[None, None, :] <= limit[:, :, None]
+    return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask[:, None],
+                                          scale=scale)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, cfg: TextConfig, cache_index: int):
+        super().__init__()
+        self.cache_index = cache_index
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim * 2, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: TargetCache | None = None,
+                slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
+        B, T, _ = x.shape
+        q, gate = self.q_proj(x).view(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = apply_rotary(self.q_norm(q), cos[:, :, None], sin[:, :, None])
+        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
+        k = apply_rotary(k, cos[:, :, None], sin[:, :, None])
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        scale = self.head_dim**-0.5
+        if cache is None:
+            rep = self.num_heads // self.num_kv_heads
+            o = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2).repeat_interleave(rep, dim=1),
+                v.transpose(1, 2).repeat_interleave(rep, dim=1), is_causal=True, scale=scale)
+        else:
+            i = self.cache_index
+            start = cache.kv_len[slots]
+            write_kv(cache.k[i], cache.v[i], k, v, slots, start)
+            o = cached_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
+                                 attn_len or cache.max_len, scale)
+        o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
+        return self.o_proj(o)

@@ -1,0 +1,117 @@
+"""Slot-based inference state: every sequence owns one slot in preallocated tensors.
+
+Nothing is allocated per step and rollback is a length / cursor move, so a decode step has fixed
+shapes (the GPU path captures it in a CUDA graph). Per slot ``s``:
+
+- attention layers: ``k[l][s], v[l][s]`` [Hkv, max_len, D]; ``kv_len[s]`` committed tokens.
+- GDN layers: ``conv_buf[l][s]`` [C, K-1+Tmax] raw conv inputs, ``ssm[l][s]`` [Hv, Dk, Dv] fp32
+  checkpoint state, and the ReplaySSM ring (``ring_k/v/g/beta``) with the shared ``ring_phase`` and
+  ``pending_len`` cursor (see ``ocria.plugins.replay_ssm.reference``).
+- ``rope_delta[s]``: mRoPE offset of text positions after the image (position = index + delta).
+"""
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ocria.models.config import FULL, LINEAR, TextConfig
+
+
+@dataclass
+class TargetCache:
+    k: list[Tensor]
+    v: list[Tensor]
+    conv_buf: list[Tensor]
+    ssm: list[Tensor]
+    ring_k: list[Tensor]
+    ring_v: list[Tensor]
+    ring_g: list[Tensor]
+    ring_beta: list[Tensor]
+    kv_len: Tensor
+    ring_phase: Tensor
+    pending_len: Tensor
+    rope_delta: Tensor
+    max_len: int
+    max_chunk: int
+
+    @classmethod
+    def allocate(
+        cls,
+        cfg: TextConfig,
+        num_slots: int,
+        max_len: int,
+        max_chunk: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> "TargetCache":
+        """Preallocate state for ``num_slots`` sequences of up to ``max_len`` tokens; verify chunks
+        (``T``) are at most ``max_chunk`` tokens."""
+        n_full = cfg.layer_types.count(FULL)
+        n_lin = cfg.layer_types.count(LINEAR)
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        conv_dim = 2 * hk * dk + hv * dv
+        width = cfg.linear_conv_kernel_dim - 1 + max_chunk
+        f32 = dict(dtype=torch.float32, device=device)
+
+        def zeros(shape, **kw):
+            return torch.zeros(shape, **(kw or dict(dtype=dtype, device=device)))
+
+        kv_shape = (num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
+        return cls(
+            k=[zeros(kv_shape) for _ in range(n_full)],
+            v=[zeros(kv_shape) for _ in range(n_full)],
+            conv_buf=[zeros((num_slots, conv_dim, width)) for _ in range(n_lin)],
+            ssm=[zeros((num_slots, hv, dk, dv), **f32) for _ in range(n_lin)],
+            ring_k=[zeros((num_slots, 2, max_chunk, hk, dk), **f32) for _ in range(n_lin)],
+            ring_v=[zeros((num_slots, 2, max_chunk, hv, dv), **f32) for _ in range(n_lin)],
+            ring_g=[zeros((num_slots, 2, max_chunk, hv), **f32) for _ in range(n_lin)],
+            ring_beta=[zeros((num_slots, 2, max_chunk, hv), **f32) for _ in range(n_lin)],
+            kv_len=torch.zeros(num_slots, dtype=torch.int32, device=device),
+            ring_phase=torch.zeros(num_slots, dtype=torch.int32, device=device),
+            pending_len=torch.zeros(num_slots, dtype=torch.int32, device=device),
+            rope_delta=torch.zeros(num_slots, dtype=torch.long, device=device),
+            max_len=max_len,
+            max_chunk=max_chunk,
+        )
+
+    def reset(self, slots: Tensor) -> None:
+        """Empty the given slots (a new sequence starts from zero state)."""
+        for t in self.conv_buf + self.ssm:
+            t[slots] = 0
+        for t in (self.kv_len, self.pending_len, self.ring_phase, self.rope_delta):
+            t[slots] = 0
+
+    def commit(self, slots: Tensor, accepted: Tensor) -> None:
+        """After a verify step: keep ``accepted`` [B] of the step's tokens per slot, drop the rest.
+
+        One cursor move for all layers: attention lengths grow, the ring halves swap and the
+        pending count becomes the accepted count (folded into the state at the next step).
+        """
+        accepted = accepted.to(torch.int32)
+        self.kv_len[slots] += accepted
+        self.ring_phase[slots] ^= 1
+        self.pending_len[slots] = accepted
+
+
+@dataclass
+class DrafterCache:
+    """Drafter context K/V per layer [S, Hkv, max_len, D] and the committed context length."""
+
+    k: list[Tensor]
+    v: list[Tensor]
+    ctx_len: Tensor
+
+    @classmethod
+    def allocate(cls, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, max_len: int,
+                 dtype: torch.dtype, device: torch.device | str = "cpu") -> "DrafterCache":
+        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        return cls(
+            k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            ctx_len=torch.zeros(num_slots, dtype=torch.int32, device=device),
+        )
+
+    def reset(self, slots: Tensor) -> None:
+        self.ctx_len[slots] = 0

@@ -1,0 +1,166 @@
+"""DFlash2 block-diffusion drafter: loads z-lab DFlash checkpoints; DFlash2 extensions are optional.
+
+Tensors of one drafting call (batch B, block size Bs, drafter hidden H, n = len(target_layer_ids)):
+
+- context features ``feats`` [B, C, n*H_t]: the target's outputs of layers ``target_layer_ids``
+  (HF ``hidden_states[i + 1]``) for the C newly committed tokens of each row (rows may commit
+  fewer: ``counts`` [B]); ``ctx = hidden_norm(fc(feats))`` [B, C, H]. Every layer projects ctx with
+  its own ``k_proj``/``v_proj`` (+ ``k_norm``, RoPE at the tokens' sequence indices) and appends the
+  result to its context cache (KV injection). Context hidden states never run through the layers.
+- block ``[last committed token, MASK x (Bs-1)]`` embedded with the *target's* embeddings,
+  at sequence indices ``ctx_len .. ctx_len + Bs - 1``. Queries come from the block; keys/values are
+  the cached context followed by the block's own (bidirectional inside the block, no mask).
+- DFlash2 (a), ``local_conv_kernel`` = Kc > 0: each layer starts with
+  ``h = h + conv(h)``, a depthwise causal conv over the Bs block positions, weight
+  ``layers.i.local_conv.weight`` [H, 1, Kc] (zero left padding: position 0 sees only itself).
+- output ``out = norm(h)`` [B, Bs, H]; drafted logits ``target.lm_head(out[:, 1:])`` [B, Bs-1, V]:
+  mask slot j predicts the token at block position j.
+- DFlash2 (b), ``selector_head``: ``conf = sigmoid(selector_head(out[:, 1:]))`` [B, Bs-1]; the
+  number of drafts sent for verification is the length of the leading run with
+  ``conf >= selector_threshold`` (acceptance is capped there; it never changes which tokens win).
+"""
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ocria.errors import ConfigError
+from ocria.models.attention import cached_attention, write_kv
+from ocria.models.cache import DrafterCache
+from ocria.models.checkpoint import load_module
+from ocria.models.config import DrafterConfig, read_config_json
+from ocria.models.layers import RMSNorm, SwiGLU, apply_rotary, inverse_frequencies, rope_cos_sin
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        h, bias = cfg.hidden_size, cfg.attention_bias
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        self.q_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
+        return apply_rotary(k, cos[:, :, None], sin[:, :, None]), self.v_proj(x).view(B, T, self.num_kv_heads, -1)
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.self_attn = DrafterAttention(cfg)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if cfg.local_conv_kernel > 0:
+            self.local_conv = nn.Conv1d(cfg.hidden_size, cfg.hidden_size, cfg.local_conv_kernel,
+                                        groups=cfg.hidden_size, bias=False)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
+                ctx_len: Tensor, attn_len: int) -> Tensor:
+        if hasattr(self, "local_conv"):
+            kc = self.local_conv.kernel_size[0]
+            x = x + F.conv1d(F.pad(x.transpose(1, 2), (kc - 1, 0)), self.local_conv.weight,
+                             groups=x.shape[-1]).transpose(1, 2)
+        attn = self.self_attn
+        B, T, _ = x.shape
+        h = self.input_layernorm(x)
+        q = attn.q_norm(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim))
+        q = apply_rotary(q, cos[:, :, None], sin[:, :, None])
+        k, v = attn.kv(h, cos, sin)
+        write_kv(k_cache, v_cache, k, v, slots, ctx_len)
+        o = cached_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
+                             attn.head_dim**-0.5, causal_block=False)
+        x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlash2Drafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.config = cfg
+        self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if cfg.selector_head:
+            self.selector_head = nn.Linear(cfg.hidden_size, 1, bias=True)
+        self.embed_tokens: nn.Embedding | None = None
+        self.lm_head: nn.Linear | None = None
+
+    def bind(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> "DFlash2Drafter":
+        """Share the target's embeddings and LM head (the drafter has none of its own)."""
+        if embed_tokens.weight.shape[1] != self.config.hidden_size:
+            raise ConfigError(
+                f"drafter hidden_size={self.config.hidden_size} differs from the target's "
+                f"{embed_tokens.weight.shape[1]}")
+        object.__setattr__(self, "embed_tokens", embed_tokens)
+        object.__setattr__(self, "lm_head", lm_head)
+        return self
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype):
+        return rope_cos_sin(positions, inverse_frequencies(self.config.head_dim, self.config.rope_theta), dtype)
+
+    def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor) -> None:
+        """KV-inject the first ``counts[b]`` of feats [B, C, n*H] after each slot's context."""
+        ctx = self.hidden_norm(self.fc(feats))
+        start = cache.ctx_len[slots]
+        positions = start.long()[:, None] + torch.arange(feats.shape[1], device=feats.device)
+        cos, sin = self._rope(positions, ctx.dtype)
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            k, v = layer.self_attn.kv(ctx, cos, sin)
+            write_kv(k_cache, v_cache, k, v, slots, start)
+        cache.ctx_len[slots] += counts.to(torch.int32)
+
+    def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
+              attn_len: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """Draft Bs-1 tokens after ``last_tokens`` [B]. Returns (logits [B, Bs-1, V] fp32, conf or None).
+
+        The block's K/V are written past the context and dropped (``ctx_len`` does not move).
+        """
+        cfg = self.config
+        B, Bs = last_tokens.shape[0], cfg.block_size
+        ids = torch.full((B, Bs), cfg.mask_token_id, dtype=torch.long, device=last_tokens.device)
+        ids[:, 0] = last_tokens
+        x = self.embed_tokens(ids)
+        start = cache.ctx_len[slots]
+        positions = start.long()[:, None] + torch.arange(Bs, device=x.device)
+        cos, sin = self._rope(positions, x.dtype)
+        attn_len = attn_len or cache.k[0].shape[2]
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            x = layer(x, cos, sin, k_cache, v_cache, slots, start, attn_len)
+        out = self.norm(x)[:, 1:]
+        conf = torch.sigmoid(self.selector_head(out).float())[..., 0] if self.config.selector_head else None
+        return self.lm_head(out).float(), conf
+
+    def verify_budget(self, conf: Tensor | None) -> Tensor | None:
+        """Number of drafted tokens per row the selector sends for verification (None: all)."""
+        if conf is None:
+            return None
+        return (conf >= self.config.selector_threshold).int().cumprod(dim=1).sum(dim=1)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, target: nn.Module, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> "DFlash2Drafter":
+        """Load a z-lab DFlash (or our DFlash2) directory and bind it to ``target``'s embeddings/head."""
+        directory = Path(directory)
+        cfg = DrafterConfig.from_dict(read_config_json(directory / "config.json"))
+        text_cfg = target.text_config
+        if max(cfg.target_layer_ids) >= text_cfg.num_hidden_layers:
+            raise ConfigError(
+                f"{directory}: target_layer_ids {cfg.target_layer_ids} exceed the target's "
+                f"{text_cfg.num_hidden_layers} layers")
+        if cfg.vocab_size and cfg.vocab_size != text_cfg.vocab_size:
+            raise ConfigError(f"{directory}: drafter vocab_size {cfg.vocab_size} != target {text_cfg.vocab_size}")
+        with torch.device("meta"):
+            model = cls(cfg)
+        load_module(model, directory, {"": ""}, dtype, device)
+        return model.eval().bind(target.text.embed_tokens, target.lm_head)

@@ -1,0 +1,115 @@
+"""Gated DeltaNet (linear-attention) layer of the Qwen3.5 text decoder.
+
+Three ways through the layer, all with HF parameter names:
+- ``full``: no cache, zero initial state (parity forward);
+- ``prefill``: continue each slot's committed state over T tokens and write the new state back;
+- ``verify``: ReplaySSM step (pending tokens folded, T outputs computed, T inputs parked), so the
+  caller can keep any prefix of the T tokens with a cursor move (``TargetCache.commit``).
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ocria.models.cache import TargetCache
+from ocria.models.config import TextConfig
+from ocria.models.layers import GatedRMSNorm
+from ocria.plugins.replay_ssm.reference import (
+    causal_conv_verify_ref,
+    delta_step,
+    fold_pending,
+    gdn_gates,
+    l2norm,
+    replay_verify_ref,
+)
+
+
+def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor):
+    """Sequential gated delta rule in fp32. q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
+    state [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] fp32, final state)."""
+    hv, dk = v.shape[2], k.shape[-1]
+    rep = hv // k.shape[2]
+    qn = (l2norm(q.float()) * dk**-0.5).repeat_interleave(rep, dim=2)
+    kn = l2norm(k.float()).repeat_interleave(rep, dim=2)
+    vf = v.float()
+    out = torch.empty(vf.shape, dtype=torch.float32, device=v.device)
+    S = state.float()
+    for t in range(q.shape[1]):
+        S = delta_step(S, kn[:, t], vf[:, t], g[:, t], beta[:, t])
+        out[:, t] = torch.einsum("bhkv,bhk->bhv", S, qn[:, t])
+    return out, S
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, cfg: TextConfig, cache_index: int):
+        super().__init__()
+        self.cache_index = cache_index
+        self.num_k_heads, self.num_v_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        self.head_k_dim, self.head_v_dim = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.kernel = cfg.linear_conv_kernel_dim
+        h = cfg.hidden_size
+        self.in_proj_qkv = nn.Linear(h, self.conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(h, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(h, self.num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(h, self.num_v_heads, bias=False)
+        self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, self.kernel, groups=self.conv_dim, bias=False,
+                                padding=self.kernel - 1)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, eps=cfg.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+
+    def _split(self, y: Tensor):
+        B, T, _ = y.shape
+        q, k, v = torch.split(y, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (q.reshape(B, T, self.num_k_heads, self.head_k_dim),
+                k.reshape(B, T, self.num_k_heads, self.head_k_dim),
+                v.reshape(B, T, self.num_v_heads, self.head_v_dim))
+
+    def _conv_prefill(self, qkv: Tensor, cache: TargetCache | None, slots: Tensor | None) -> Tensor:
+        """Causal conv + SiLU over T tokens continuing the slot's window (zeros without cache)."""
+        B, T, C = qkv.shape
+        W = self.kernel - 1
+        weight = self.conv1d.weight[:, 0, :]
+        if cache is None:
+            window = qkv.new_zeros(B, C, W)
+        else:
+            buf = cache.conv_buf[self.cache_index]
+            start = cache.pending_len[slots].long()
+            idx = (start[:, None] + torch.arange(W, device=qkv.device))[:, None, :].expand(B, C, W)
+            window = buf[slots].gather(2, idx).to(qkv.dtype)
+        full = torch.cat([window, qkv.transpose(1, 2)], dim=2)
+        if cache is not None:
+            cache.conv_buf[self.cache_index][slots, :, :W] = full[:, :, -W:].to(buf.dtype)
+        y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
+        return F.silu(y).transpose(1, 2).to(qkv.dtype)
+
+    def forward(self, x: Tensor, mode: str, cache: TargetCache | None = None, slots: Tensor | None = None) -> Tensor:
+        B, T, _ = x.shape
+        qkv = self.in_proj_qkv(x)
+        z = self.in_proj_z(x).reshape(B, T, self.num_v_heads, self.head_v_dim)
+        b, a = self.in_proj_b(x), self.in_proj_a(x)
+        i = self.cache_index
+        if mode == "verify":
+            y = causal_conv_verify_ref(qkv, self.conv1d.weight[:, 0, :], cache.conv_buf[i], cache.pending_len, slots)
+            q, k, v = self._split(y)
+            o = replay_verify_ref(
+                q, k, v, a, b, self.A_log, self.dt_bias, cache.ssm[i], cache.ring_k[i], cache.ring_v[i],
+                cache.ring_g[i], cache.ring_beta[i], cache.ring_phase, cache.pending_len, slots,
+            )
+        else:
+            q, k, v = self._split(self._conv_prefill(qkv, cache, slots))
+            g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
+            if cache is None:
+                state = torch.zeros(B, self.num_v_heads, self.head_k_dim, self.head_v_dim, device=x.device)
+            else:
+                state = fold_pending(cache.ssm[i], cache.ring_k[i], cache.ring_v[i], cache.ring_g[i],
+                                     cache.ring_beta[i], cache.ring_phase, cache.pending_len, slots)
+            o, state = gated_delta_rule(q, k, v, g, beta, state)
+            if cache is not None:
+                cache.ssm[i][slots] = state
+        o = self.norm(o.to(x.dtype), z)
+        return self.out_proj(o.reshape(B, T, self.value_dim))

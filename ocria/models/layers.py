@@ -1,0 +1,100 @@
+"""Small building blocks shared by the target and the drafter: norms, SwiGLU MLP, rotary embeddings."""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """Qwen3.5's RMSNorm: ``norm(x) * (1 + w)`` computed in fp32, weight initialised to zero."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """Plain (Qwen3-style) RMSNorm ``w * norm(x)``, used by the DFlash drafter."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """GDN output norm: ``w * norm(x) * silu(z)`` per value head (plain weight, not zero-centred)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        dtype = x.dtype
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = self.weight * xf.to(dtype)
+        return (out * F.silu(z.float())).to(dtype)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with HF parameter names."""
+
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first ``cos.shape[-1]`` channels of x (partial rotary); the rest pass through."""
+    d = cos.shape[-1]
+    x_rot, x_pass = x[..., :d], x[..., d:]
+    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+def inverse_frequencies(dim: int, theta: float) -> Tensor:
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+
+
+def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: list[int], dtype: torch.dtype):
+    """Interleaved multimodal RoPE. positions [3, ...] (temporal, height, width) -> cos, sin [..., rot_dim].
+
+    Frequency i takes the temporal position, except i = 1 mod 3 (height) and i = 2 mod 3 (width)
+    inside the first ``3 * mrope_section[1|2]`` frequencies, as in Qwen3.5.
+    """
+    freqs = positions[..., None].float() * inv_freq.to(positions.device)
+    mixed = freqs[0].clone()
+    for axis in (1, 2):
+        idx = slice(axis, mrope_section[axis] * 3, 3)
+        mixed[..., idx] = freqs[axis][..., idx]
+    emb = torch.cat((mixed, mixed), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype):
+    """Plain 1D RoPE over the full head dim. positions [...] -> cos, sin [..., head_dim]."""
+    freqs = positions[..., None].float() * inv_freq.to(positions.device)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)

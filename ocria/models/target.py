@@ -1,0 +1,190 @@
+"""The OCRia target: Qwen3.5 VLM (``Qwen3_5ForConditionalGeneration`` layout) and its text-only form.
+
+Parameter names match HF checkpoints exactly: ``model.visual.*``, ``model.language_model.*`` and
+``lm_head.weight`` (VLM); ``model.*`` and ``lm_head.weight`` (``Qwen3_5ForCausalLM``).
+"""
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ocria.errors import RequestError
+from ocria.models.cache import TargetCache
+from ocria.models.checkpoint import load_module
+from ocria.models.config import OCRiaConfig, TextConfig, read_config_json
+from ocria.models.text import TextModel
+from ocria.models.vision import VisionModel
+
+IGNORED_TENSORS = (r"^mtp\.", r"^model\.mtp\.")
+
+
+def mrope_positions(input_ids: Tensor, image_grid_thw: Tensor | None, image_token_id: int,
+                    spatial_merge: int) -> tuple[Tensor, int]:
+    """Qwen3.5 multimodal RoPE ids for one sequence: [3, L] and the text offset ``delta``.
+
+    Text tokens advance all three axes together; an image block gets (t, row, col) ids starting at
+    the current position and advances it by ``max(rows, cols)``. After the prompt, token index i
+    has position ``i + delta`` on all three axes.
+    """
+    ids = input_ids.tolist()
+    grids = iter(image_grid_thw.tolist() if image_grid_thw is not None else [])
+    chunks, cur, i = [], 0, 0
+    while i < len(ids):
+        if ids[i] == image_token_id:
+            t, h, w = next(grids)
+            gh, gw = h // spatial_merge, w // spatial_merge
+            tt = torch.arange(t).view(-1, 1, 1).expand(t, gh, gw).flatten()
+            hh = torch.arange(gh).view(1, -1, 1).expand(t, gh, gw).flatten()
+            ww = torch.arange(gw).view(1, 1, -1).expand(t, gh, gw).flatten()
+            chunks.append(torch.stack([tt, hh, ww]) + cur)
+            cur += max(gh, gw)
+            i += t * gh * gw
+        else:
+            j = i
+            while j < len(ids) and ids[j] != image_token_id:
+                j += 1
+            chunks.append(torch.arange(cur, cur + j - i).expand(3, -1))
+            cur += j - i
+            i = j
+    pos = torch.cat(chunks, dim=1) if chunks else torch.zeros(3, 0, dtype=torch.long)
+    delta = (int(pos.max()) + 1 - len(ids)) if len(ids) else 0
+    return pos.to(input_ids.device), delta
+
+
+class OCRiaModel(nn.Module):
+    def __init__(self, cfg: OCRiaConfig):
+        super().__init__()
+        self.visual = VisionModel(cfg.vision)
+        self.language_model = TextModel(cfg.text)
+
+
+class _LMBase(nn.Module):
+    """Shared LM-head and cached forward of both target forms."""
+
+    text: TextModel
+    lm_head: nn.Linear
+
+    @property
+    def text_config(self) -> TextConfig:
+        return self.text.cfg
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        return self.lm_head(hidden).float()
+
+    def forward_cached(self, embeds: Tensor, positions: Tensor, cache: TargetCache, slots: Tensor, mode: str,
+                       capture: tuple[int, ...] = (), attn_len: int | None = None):
+        """Run T tokens per slot against the cache (``prefill`` or ``verify``); see ``TextModel``."""
+        return self.text(embeds, positions, mode, cache, slots, capture, attn_len)
+
+    def tie_weights(self) -> None:
+        if self.text_config.tie_word_embeddings:
+            self.lm_head.weight = self.text.embed_tokens.weight
+
+
+class OCRiaForConditionalGeneration(_LMBase):
+    def __init__(self, cfg: OCRiaConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = OCRiaModel(cfg)
+        self.lm_head = nn.Linear(cfg.text.hidden_size, cfg.text.vocab_size, bias=False)
+        self.tie_weights()
+
+    @property
+    def text(self) -> TextModel:
+        return self.model.language_model
+
+    def embed(self, input_ids: Tensor, pixel_values: Tensor | None = None,
+              image_grid_thw: Tensor | None = None) -> Tensor:
+        """Token embeddings with the vision encoder's outputs placed at the image-pad positions."""
+        embeds = self.text.embed_tokens(input_ids)
+        is_image = input_ids == self.config.image_token_id
+        if pixel_values is None:
+            if bool(is_image.any()):
+                raise RequestError("prompt has image tokens but no pixel_values")
+            return embeds
+        feats = self.model.visual(pixel_values, image_grid_thw).to(embeds.dtype)
+        if int(is_image.sum()) != feats.shape[0]:
+            raise RequestError(
+                f"prompt has {int(is_image.sum())} image tokens but the image gives {feats.shape[0]} embeddings")
+        return embeds.masked_scatter(is_image[..., None], feats)
+
+    def positions(self, input_ids: Tensor, image_grid_thw: Tensor | None) -> tuple[Tensor, Tensor]:
+        """mRoPE ids [3, B, T] for a batch of full prompts (images in batch order) and deltas [B]."""
+        merge = self.config.vision.spatial_merge_size
+        grids = list(image_grid_thw) if image_grid_thw is not None else []
+        rows, deltas = [], []
+        for ids in input_ids:
+            n_img = 0
+            count = int((ids == self.config.image_token_id).sum())
+            per = []
+            while count > 0:
+                t, h, w = (int(x) for x in grids[0])
+                per.append(grids.pop(0))
+                count -= t * h * w // merge**2
+                n_img += 1
+            grid = torch.stack(per) if per else None
+            pos, delta = mrope_positions(ids, grid, self.config.image_token_id, merge)
+            rows.append(pos)
+            deltas.append(delta)
+        return torch.stack(rows, dim=1), torch.tensor(deltas, device=input_ids.device)
+
+    def forward(self, input_ids: Tensor, pixel_values: Tensor | None = None,
+                image_grid_thw: Tensor | None = None) -> Tensor:
+        """No-cache parity forward: logits [B, T, V] (fp32)."""
+        embeds = self.embed(input_ids, pixel_values, image_grid_thw)
+        positions, _ = self.positions(input_ids, image_grid_thw)
+        hidden, _ = self.text(embeds, positions)
+        return self.logits(hidden)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> "OCRiaForConditionalGeneration":
+        directory = Path(directory)
+        cfg = OCRiaConfig.from_dict(read_config_json(directory / "config.json"))
+        with torch.device("meta"):
+            model = cls(cfg)
+        load_module(model, directory, {"": ""}, dtype, device, ignore=IGNORED_TENSORS,
+                    optional=(r"^lm_head\.",) if cfg.text.tie_word_embeddings else ())
+        model.tie_weights()
+        return model.eval()
+
+
+class OCRiaForCausalLM(_LMBase):
+    """Text-only Qwen3.5 (``Qwen3_5ForCausalLM``): ``model.*`` is the text decoder."""
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = TextModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.tie_weights()
+
+    @property
+    def text(self) -> TextModel:
+        return self.model
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        B, T = input_ids.shape
+        positions = torch.arange(T, device=input_ids.device).expand(3, B, T)
+        hidden, _ = self.model(self.model.embed_tokens(input_ids), positions)
+        return self.logits(hidden)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
+                        device: torch.device | str = "cpu") -> "OCRiaForCausalLM":
+        directory = Path(directory)
+        raw = read_config_json(directory / "config.json")
+        if raw.get("model_type") not in ("qwen3_5_text", "qwen3_5"):
+            from ocria.errors import ConfigError
+
+            raise ConfigError(f"model_type {raw.get('model_type')!r} is not supported: expected 'qwen3_5_text'")
+        text_raw = raw.get("text_config", raw)
+        cfg = TextConfig.from_dict(text_raw, tie_default=bool(raw.get("tie_word_embeddings", False)))
+        with torch.device("meta"):
+            model = cls(cfg)
+        prefix = {"model.": "model.language_model."} if raw.get("model_type") == "qwen3_5" else {}
+        load_module(model, directory, prefix, dtype, device, ignore=IGNORED_TENSORS + (r"visual\.",),
+                    optional=(r"^lm_head\.",) if cfg.tie_word_embeddings else ())
+        model.tie_weights()
+        return model.eval()

@@ -1,0 +1,73 @@
+"""Qwen3.5 text decoder (``layer_types`` mix of GDN and gated attention) with explicit slot state."""
+
+import torch
+from torch import Tensor, nn
+
+from ocria.models.attention import GatedAttention
+from ocria.models.cache import TargetCache
+from ocria.models.config import LINEAR, TextConfig
+from ocria.models.gdn import GatedDeltaNet
+from ocria.models.layers import SwiGLU, ZeroCenteredRMSNorm, inverse_frequencies, mrope_cos_sin
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TextConfig, layer_type: str, cache_index: int):
+        super().__init__()
+        self.layer_type = layer_type
+        if layer_type == LINEAR:
+            self.linear_attn = GatedDeltaNet(cfg, cache_index)
+        else:
+            self.self_attn = GatedAttention(cfg, cache_index)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mode: str, cache: TargetCache | None,
+                slots: Tensor | None, attn_len: int | None) -> Tensor:
+        h = self.input_layernorm(x)
+        if self.layer_type == LINEAR:
+            h = self.linear_attn(h, mode, cache, slots)
+        else:
+            h = self.self_attn(h, cos, sin, cache, slots, attn_len)
+        x = x + h
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class TextModel(nn.Module):
+    """Embeddings, decoder layers and final norm; parameter names as HF ``Qwen3_5TextModel``.
+
+    ``forward`` modes: ``full`` (no cache), ``prefill`` (append T tokens to each slot and commit
+    them), ``verify`` (append T tokens provisionally; the caller commits a prefix with
+    ``TargetCache.commit``). ``capture`` lists layer indices whose outputs are returned too
+    (HF ``hidden_states[i + 1]``: the drafter's context features).
+    """
+
+    def __init__(self, cfg: TextConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        counters = {"linear_attention": 0, "full_attention": 0}
+        layers = []
+        for layer_type in cfg.layer_types:
+            layers.append(DecoderLayer(cfg, layer_type, counters[layer_type]))
+            counters[layer_type] += 1
+        self.layers = nn.ModuleList(layers)
+        self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """positions [3, B, T] -> cos, sin [B, T, rotary_dim]."""
+        inv_freq = inverse_frequencies(self.cfg.rotary_dim, self.cfg.rope_theta)
+        return mrope_cos_sin(positions, inv_freq, self.cfg.mrope_section, dtype)
+
+    def forward(self, embeds: Tensor, positions: Tensor, mode: str = "full", cache: TargetCache | None = None,
+                slots: Tensor | None = None, capture: tuple[int, ...] = (), attn_len: int | None = None):
+        """embeds [B, T, H]; positions [3, B, T]. Returns (normed hidden [B, T, H], [captured [B, T, H]])."""
+        if mode not in ("full", "prefill", "verify"):
+            raise ValueError(f"unknown forward mode {mode!r}")
+        cos, sin = self.rotary(positions, embeds.dtype)
+        x, captured = embeds, {}
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, mode, cache, slots, attn_len)
+            if i in capture:
+                captured[i] = x
+        return self.norm(x), [captured[i] for i in capture]
