@@ -1,0 +1,225 @@
+"""Triton kernels for ReplaySSM: replay verification of Gated DeltaNet and the conv window rollback.
+
+``replay_verify``: one program per (value-head column tile, value head, batch row). It reads its
+``[Dk, BV]`` slice of the checkpoint state once, folds the slot's pending tokens into it as one
+chunk, writes it back once, then computes the T outputs from it as a second chunk without forming
+per-token states. Both chunks use the WY form of the delta rule, so the work is a handful of small
+matrix products plus a T x T forward substitution instead of T dependent rank-1 updates:
+
+    G_t = cumsum(g);  A_ij = beta_i exp(G_i - G_j) k_i.k_j  (j < i)
+    (I + A) U = diag(beta) (V - diag(exp G) K S0)
+    S_T = exp(G_T) S0 + (K * exp(G_T - G))^T U
+    O   = diag(exp G) Q S0 + (mask_{j<=i} exp(G_i - G_j) Q K^T) U
+
+Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
+writes what another one reads; the shared k/g/beta entries are written by the tile-0 program only.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.runtime.interpreter import InterpretedFunction
+
+from ocria.errors import OcriaError
+
+# tf32x3 keeps fp32 accuracy on tensor cores (three tf32 products); plain tf32 would cost ~3e-4.
+DOT_PRECISION = "tf32x3"
+
+
+@triton.jit
+def _softplus(x):
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def _solve_u(S, K, V, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
+    """U with (I + A) U = diag(beta) (V - diag(exp G) K S), by forward substitution over TP rows."""
+    ri = tl.arange(0, TP)
+    lower = ri[:, None] > ri[None, :]
+    kk = tl.dot(K, tl.trans(K), input_precision=PREC)
+    A = tl.where(lower, beta[:, None] * tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0)) * kk, 0.0)
+    U = beta[:, None] * (V - tl.exp(gc)[:, None] * tl.dot(K, S, input_precision=PREC))
+    for i in tl.static_range(1, TP):
+        a_i = tl.sum(tl.where(ri[:, None] == i, A, 0.0), axis=0)
+        U = tl.where(ri[:, None] == i, U - tl.sum(a_i[:, None] * U, axis=0)[None, :], U)
+    return U
+
+
+@triton.jit
+def _replay_verify_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+    state_ptr, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
+    o_ptr, T, Tmax, scale, eps,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
+):  # fmt: skip
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = i_h // (HV // HK)
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
+    n = tl.load(pending_ptr + slot)
+
+    rt = tl.arange(0, TP)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < DK, rv < DV
+    ms = mk[:, None] & mv[None, :]
+
+    # Checkpoint state slice [BK, BV], read once.
+    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[:, None]) * DV + rv[None, :]
+    S = tl.load(s_ptrs, mask=ms, other=0.0)
+
+    # Fold the n pending tokens (ring half `phase`), write the state once.
+    tok = (slot * 2 + phase) * Tmax + rt
+    mp = rt < n
+    Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
+    Vp = tl.load(ring_v_ptr + (tok[:, None] * HV + i_h) * DV + rv[None, :], mask=mp[:, None] & mv[None, :], other=0.0)
+    gp = tl.load(ring_g_ptr + tok * HV + i_h, mask=mp, other=0.0)
+    bp = tl.load(ring_beta_ptr + tok * HV + i_h, mask=mp, other=0.0)
+    gcp = tl.cumsum(gp, 0)
+    Up = _solve_u(S, Kp, Vp, gcp, bp, TP, PREC)
+    g_tot = tl.sum(gp, 0)
+    S = S * tl.exp(g_tot) + tl.dot(tl.trans(Kp * tl.exp(g_tot - gcp)[:, None]), Up, input_precision=PREC)
+    tl.store(s_ptrs, S, mask=ms)
+
+    # The T new tokens: L2-norm, gates, outputs from the folded state.
+    mt = rt < T
+    row = (i_b * T + rt).to(tl.int64)
+    mtk = mt[:, None] & mk[None, :]
+    K = tl.load(k_ptr + (row[:, None] * HK + hk) * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+    Q = tl.load(q_ptr + (row[:, None] * HK + hk) * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+    V = tl.load(v_ptr + (row[:, None] * HV + i_h) * DV + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
+    V = V.to(tl.float32)
+    K = K * tl.rsqrt(tl.sum(K * K, 1) + eps)[:, None]
+    Q = Q * (tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale)[:, None]
+    a = tl.load(a_ptr + row * HV + i_h, mask=mt, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + row * HV + i_h, mask=mt, other=0.0).to(tl.float32)
+    A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
+    dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
+    g = tl.where(mt, -tl.exp(A_log) * _softplus(a + dt_bias), 0.0)
+    beta = tl.where(mt, tl.sigmoid(b), 0.0)
+    gc = tl.cumsum(g, 0)
+    U = _solve_u(S, K, V, gc, beta, TP, PREC)
+    causal = rt[:, None] >= rt[None, :]
+    qk = tl.dot(Q, tl.trans(K), input_precision=PREC)
+    P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+    O = tl.exp(gc)[:, None] * tl.dot(Q, S, input_precision=PREC) + tl.dot(P, U, input_precision=PREC)
+    o_ptrs = o_ptr + (row[:, None] * HV + i_h) * DV + rv[None, :]
+    tl.store(o_ptrs, O.to(o_ptr.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+
+    # Park the new tokens in ring half 1 - phase; shared k/g/beta entries have a single writer.
+    park = (slot * 2 + 1 - phase) * Tmax + rt
+    tl.store(ring_v_ptr + (park[:, None] * HV + i_h) * DV + rv[None, :], V, mask=mt[:, None] & mv[None, :])
+    if i_v == 0:
+        tl.store(ring_g_ptr + park * HV + i_h, g, mask=mt)
+        tl.store(ring_beta_ptr + park * HV + i_h, beta, mask=mt)
+        if i_h % (HV // HK) == 0:
+            tl.store(ring_k_ptr + (park[:, None] * HK + hk) * DK + rk[None, :], K, mask=mtk)
+
+
+@triton.jit
+def _causal_conv_verify_kernel(
+    x_ptr, w_ptr, buf_ptr, pending_ptr, slot_ptr, y_ptr, T, C, L,
+    W: tl.constexpr, KW: tl.constexpr, BC: tl.constexpr, TP: tl.constexpr, WP: tl.constexpr,
+):  # fmt: skip
+    i_c, i_b = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    start = tl.load(pending_ptr + slot)
+    rc = i_c * BC + tl.arange(0, BC)
+    mc = rc < C
+    rt = tl.arange(0, TP)
+    mt = rt < T
+    buf_row = buf_ptr + (slot * C + rc) * L
+    x_row = x_ptr + (i_b * T).to(tl.int64) * C + rc
+
+    # y_t = sum_j w_j full_{t+j}, full = committed window (W entries) then the T new inputs.
+    acc = tl.zeros([TP, BC], dtype=tl.float32)
+    for j in tl.static_range(KW):
+        p = rt + j
+        in_win = p < W
+        old = tl.load(buf_row[None, :] + start + p[:, None], mask=(in_win & mt)[:, None] & mc[None, :], other=0.0)
+        new = tl.load(x_row[None, :] + (p - W)[:, None] * C, mask=(~in_win & mt)[:, None] & mc[None, :], other=0.0)
+        w_j = tl.load(w_ptr + rc * KW + j, mask=mc, other=0.0).to(tl.float32)
+        acc += (old.to(tl.float32) + new.to(tl.float32)) * w_j[None, :]
+
+    # Roll the window back to the committed position and append the new inputs.
+    rw = tl.arange(0, WP)
+    mw = (rw < W)[:, None] & mc[None, :]
+    win = tl.load(buf_row[None, :] + start + rw[:, None], mask=mw, other=0.0)
+    xt = tl.load(x_row[None, :] + rt[:, None] * C, mask=mt[:, None] & mc[None, :], other=0.0)
+    tl.debug_barrier()  # every read of this slot's rows is done before they are overwritten
+    tl.store(buf_row[None, :] + rw[:, None], win, mask=mw)
+    tl.store(buf_row[None, :] + W + rt[:, None], xt.to(buf_ptr.dtype.element_ty), mask=mt[:, None] & mc[None, :])
+
+    y = acc * tl.sigmoid(acc)
+    tl.store(y_ptr + (i_b * T + rt[:, None]).to(tl.int64) * C + rc[None, :], y.to(y_ptr.dtype.element_ty),
+             mask=mt[:, None] & mc[None, :])  # fmt: skip
+
+
+def _check_launch(*tensors: Tensor) -> None:
+    """The kernels index raw memory: tensors must be contiguous and on one device (CPU: interpreter)."""
+    device = tensors[0].device
+    for t in tensors:
+        if t.device != device:
+            raise OcriaError(f"replay_ssm kernel: tensors on {t.device} and {device}; put them on one device")
+        if not t.is_contiguous():
+            raise OcriaError("replay_ssm kernel: a state or buffer tensor is not contiguous")
+    if device.type == "cpu" and not isinstance(_replay_verify_kernel, InterpretedFunction):
+        raise OcriaError("replay_ssm kernel on CPU needs TRITON_INTERPRET=1 set before the kernel is imported")
+
+
+def replay_verify_kernel(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+    state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
+    ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
+    block_v: int | None = None, num_warps: int = 4,
+) -> Tensor:  # fmt: skip
+    """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32."""
+    B, T, Hk, Dk = k.shape
+    Hv, Dv = v.shape[-2:]
+    Tmax = ring_k.shape[2]
+    if state.dtype != torch.float32 or ring_k.dtype != torch.float32:
+        raise OcriaError(f"replay_verify kernel needs fp32 state and ring buffers, got {state.dtype}")
+    if T > Tmax:
+        raise OcriaError(f"replay_verify: {T} new tokens exceed the ring capacity Tmax={Tmax}")
+    q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
+    A_log, dt_bias, slot_ids = A_log.contiguous(), dt_bias.contiguous(), slot_ids.contiguous()
+    _check_launch(q, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids)
+    o = torch.empty_like(v)
+    if B == 0:
+        return o
+    BV = block_v or min(32, triton.next_power_of_2(Dv))
+    BV = max(BV, 16)
+    TP = max(16, triton.next_power_of_2(Tmax))
+    grid = (triton.cdiv(Dv, BV), Hv, B)
+    _replay_verify_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len,
+        slot_ids, o, T, Tmax, Dk**-0.5, 1e-6,
+        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(16, triton.next_power_of_2(Dk)), BV=BV, TP=TP, PREC=DOT_PRECISION,
+        num_warps=num_warps,
+    )  # fmt: skip
+    return o
+
+
+def causal_conv_verify_kernel(
+    x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, block_c: int = 128
+) -> Tensor:
+    """Triton launch of ``causal_conv_verify_ref`` (same arguments and effects)."""
+    B, T, C = x.shape
+    KW = weight.shape[-1]
+    L = conv_buf.shape[-1]
+    if T > L - (KW - 1):
+        raise OcriaError(f"causal_conv_verify: {T} new inputs exceed the buffer capacity {L - (KW - 1)}")
+    x, weight, slot_ids = x.contiguous(), weight.contiguous(), slot_ids.contiguous()
+    _check_launch(x, conv_buf, pending_len, slot_ids)
+    y = torch.empty_like(x)
+    if B == 0:
+        return y
+    BC = min(block_c, triton.next_power_of_2(C))
+    grid = (triton.cdiv(C, BC), B)
+    _causal_conv_verify_kernel[grid](
+        x, weight, conv_buf, pending_len, slot_ids, y, T, C, L,
+        W=KW - 1, KW=KW, BC=BC, TP=triton.next_power_of_2(T), WP=max(1, triton.next_power_of_2(KW - 1)),
+    )  # fmt: skip
+    return y

@@ -1,0 +1,80 @@
+"""ReplaySSM as PyTorch custom operators (``ocria::replay_verify``, ``ocria::causal_conv_verify``).
+
+The operators declare what they mutate and have fake implementations, so CUDA graphs and
+``torch.compile`` take them as opaque calls. ``replay_verify`` / ``causal_conv_verify`` below are
+what callers use: ``use_kernel`` is the one switch (None: the Triton kernel on CUDA tensors, the
+PyTorch reference elsewhere; True on CPU runs the kernel in Triton's interpreter, TRITON_INTERPRET=1).
+"""
+
+import os
+
+import torch
+from torch import Tensor
+
+from ocria.errors import OcriaError
+from ocria.plugins.replay_ssm.reference import causal_conv_verify_ref, replay_verify_ref
+
+_RING = ("state", "ring_k", "ring_v", "ring_g", "ring_beta")
+
+
+def kernel_enabled(device: torch.device, use_kernel: bool | None = None) -> bool:
+    """Resolve the switch: whether the Triton kernel (True) or the PyTorch reference (False) runs."""
+    if use_kernel is None:
+        return device.type == "cuda"
+    if use_kernel and device.type != "cuda":
+        if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
+            raise OcriaError(f"replay_ssm kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
+    return use_kernel
+
+
+@torch.library.custom_op("ocria::replay_verify", mutates_args=_RING)
+def replay_verify_op(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+    state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
+    ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
+) -> Tensor:  # fmt: skip
+    """Triton ``replay_verify`` (see ``reference.replay_verify_ref`` for the contract)."""
+    from ocria.plugins.replay_ssm.kernel import replay_verify_kernel
+
+    return replay_verify_kernel(
+        q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids
+    )
+
+
+@replay_verify_op.register_fake
+def _(q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids):
+    return torch.empty_like(v)
+
+
+@torch.library.custom_op("ocria::causal_conv_verify", mutates_args=("conv_buf",))
+def causal_conv_verify_op(x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor) -> Tensor:
+    """Triton ``causal_conv_verify`` (see ``reference.causal_conv_verify_ref`` for the contract)."""
+    from ocria.plugins.replay_ssm.kernel import causal_conv_verify_kernel
+
+    return causal_conv_verify_kernel(x, weight, conv_buf, pending_len, slot_ids)
+
+
+@causal_conv_verify_op.register_fake
+def _(x, weight, conv_buf, pending_len, slot_ids):
+    return torch.empty_like(x)
+
+
+def replay_verify(
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+    state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
+    ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor, use_kernel: bool | None = None,
+) -> Tensor:  # fmt: skip
+    """Fold pending tokens, verify T new ones, park them; same contract as ``replay_verify_ref``."""
+    args = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids)
+    if kernel_enabled(q.device, use_kernel):
+        return torch.ops.ocria.replay_verify(*args)
+    return replay_verify_ref(*args)
+
+
+def causal_conv_verify(
+    x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, use_kernel: bool | None = None
+) -> Tensor:
+    """Conv window rollback + depthwise causal conv + SiLU; same contract as ``causal_conv_verify_ref``."""
+    if kernel_enabled(x.device, use_kernel):
+        return torch.ops.ocria.causal_conv_verify(x, weight, conv_buf, pending_len, slot_ids)
+    return causal_conv_verify_ref(x, weight, conv_buf, pending_len, slot_ids)

@@ -1,0 +1,167 @@
+"""ReplaySSM: reference and Triton kernel (CPU interpreter) against a float64 recurrence over accepted tokens.
+
+The float64 model below is written from the gated delta rule alone (MISSION.md section 3): each
+sequence keeps one state that only ever sees its accepted tokens, and a list of accepted conv inputs.
+The plugin instead keeps a checkpoint, a ring of pending tokens and a cursor; after every step of a
+multi-step run its outputs, and its states once pending tokens are folded, must agree.
+"""
+
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"  # before any Triton kernel of the plugin is decorated
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ocria.errors import OcriaError
+from ocria.plugins.replay_ssm import reference as R
+from ocria.plugins.replay_ssm.ops import causal_conv_verify, kernel_enabled, replay_verify
+
+if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
+    importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
+
+
+def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
+    """One token of one sequence in float64: S [Hv, Dk, Dv]; q, k [Hk, Dk]; v [Hv, Dv]; a, b [Hv]."""
+    Hv, Dk = S.shape[0], S.shape[1]
+    rep = Hv // k.shape[0]
+    k = (k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)).repeat_interleave(rep, 0)
+    q = (q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)).repeat_interleave(rep, 0) / Dk**0.5
+    alpha = torch.exp(-torch.exp(A_log) * torch.log1p(torch.exp(a + dt_bias)))
+    beta = 1 / (1 + torch.exp(-b))
+    S = alpha[:, None, None] * S
+    u = beta[:, None] * (v - torch.einsum("hkv,hk->hv", S, k))
+    S = S + k[:, :, None] * u[:, None, :]
+    return S, torch.einsum("hkv,hk->hv", S, q)
+
+
+def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5):
+    """Drive the plugin through `steps` verify/accept rounds; yield (name, got, expected) pairs."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64) * scale
+
+    def randint(lo, hi, shape=()):
+        return torch.randint(lo, hi, shape, generator=gen)
+
+    Hk = int(randint(1, 3))
+    Hv = Hk * 2 ** int(randint(0, 3))  # GQA: 1, 2 or 4 value heads per key head
+    Dk, Dv = (int(x) for x in torch.tensor([16, 24, 32])[randint(0, 3, (2,))])
+    Tmax, KW, n_seq = int(randint(4, 17)), 4, 3
+    S_slots = n_seq + 2
+    C = 2 * Hk * Dk + Hv * Dv
+    slot_of = torch.randperm(S_slots, generator=gen)[:n_seq]  # sequence i lives in slot slot_of[i]
+
+    A_log, dt_bias = rand(Hv, scale=0.5) - 2.0, rand(Hv, scale=0.5)
+    conv_w = rand(C, KW, scale=0.5)
+    init_state = rand(n_seq, Hv, Dk, Dv, scale=0.1)
+    init_window = rand(n_seq, C, KW - 1)
+
+    state = torch.zeros(S_slots, Hv, Dk, Dv)
+    state[slot_of] = init_state.float()
+    ring_k, ring_v = torch.zeros(S_slots, 2, Tmax, Hk, Dk), torch.zeros(S_slots, 2, Tmax, Hv, Dv)
+    ring_g, ring_beta = torch.zeros(S_slots, 2, Tmax, Hv), torch.zeros(S_slots, 2, Tmax, Hv)
+    ring_phase = torch.zeros(S_slots, dtype=torch.int32)
+    pending_len = torch.zeros(S_slots, dtype=torch.int32)
+    conv_buf = torch.zeros(S_slots, C, KW - 1 + Tmax)
+    conv_buf[slot_of, :, : KW - 1] = init_window.float()
+
+    true_state = list(init_state)
+    conv_hist = [list(w.T) for w in init_window]  # accepted conv inputs, oldest first
+
+    for _ in range(steps):
+        T = int(randint(1, Tmax + 1))
+        members = torch.randperm(n_seq, generator=gen)[: int(randint(1, n_seq + 1))]  # batch joins/leaves
+        B = len(members)
+        slot_ids = slot_of[members]
+        x = rand(B, T, C).to(dtype)
+        q, k, v = rand(B, T, Hk, Dk).to(dtype), rand(B, T, Hk, Dk).to(dtype), rand(B, T, Hv, Dv).to(dtype)
+        a, b = rand(B, T, Hv).to(dtype), rand(B, T, Hv).to(dtype)
+
+        y = causal_conv_verify(x, conv_w.float(), conv_buf, pending_len, slot_ids, use_kernel=use_kernel)
+        o = replay_verify(
+            q, k, v, a, b, A_log.float(), dt_bias.float(), state, ring_k, ring_v, ring_g, ring_beta,
+            ring_phase, pending_len, slot_ids, use_kernel=use_kernel,
+        )  # fmt: skip
+
+        accepted = randint(0, T + 1, (B,))
+        for row, i in enumerate(members.tolist()):
+            window = torch.stack(conv_hist[i][-(KW - 1) :], 1)
+            full = torch.cat([window, x[row].double().T], 1)
+            y_ref = F.silu(F.conv1d(full[None], conv_w[:, None, :], groups=C))[0].T
+            yield "conv output", y[row], y_ref
+            S = true_state[i]
+            for t in range(T):
+                S, o_t = _gdn_step64(S, q[row, t].double(), k[row, t].double(), v[row, t].double(),
+                                     a[row, t].double(), b[row, t].double(), A_log, dt_bias)  # fmt: skip
+                yield "output", o[row, t], o_t
+                if t < accepted[row]:
+                    true_state[i] = S
+                    conv_hist[i].append(x[row, t].double())
+        ring_phase[slot_ids] ^= 1  # the caller's rollback: a cursor move
+        pending_len[slot_ids] = accepted.int()
+
+        committed = R.fold_pending(state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_of)
+        for i in range(n_seq):
+            yield "committed state", committed[i], true_state[i]
+            n = int(pending_len[slot_of[i]])
+            yield "conv window", conv_buf[slot_of[i], :, n : n + KW - 1], torch.stack(conv_hist[i][-(KW - 1) :], 1)
+
+
+@pytest.mark.parametrize("use_kernel", [False, True], ids=["reference", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_replay_matches_float64_recurrence(use_kernel, dtype, seed):
+    out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    n_checked = 0
+    for name, got, want in _run(use_kernel, dtype, seed):
+        tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
+        n_checked += 1
+    assert n_checked > 20
+
+
+def _small_case(T=5, Tmax=8, B=2, S=4, Hk=1, Hv=2, D=16, C=12, KW=4):
+    gen = torch.Generator().manual_seed(7)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    slot_ids = torch.tensor([3, 1])
+    verify = (
+        r(B, T, Hk, D), r(B, T, Hk, D), r(B, T, Hv, D), r(B, T, Hv), r(B, T, Hv), r(Hv) - 2, r(Hv),
+        r(S, Hv, D, D) * 0.1, R.l2norm(r(S, 2, Tmax, Hk, D)), r(S, 2, Tmax, Hv, D), -r(S, 2, Tmax, Hv).abs(),
+        r(S, 2, Tmax, Hv).sigmoid(), torch.tensor([0, 1, 1, 0], dtype=torch.int32),
+        torch.tensor([2, Tmax, 0, 3], dtype=torch.int32), slot_ids,
+    )  # fmt: skip
+    conv = (r(B, T, C), r(C, KW), r(S, C, KW - 1 + Tmax), verify[13], slot_ids)
+    return verify, conv
+
+
+def test_kernel_and_reference_agree_on_buffers():
+    verify, conv = _small_case()
+    cases = ((replay_verify, R.replay_verify_ref, verify), (causal_conv_verify, R.causal_conv_verify_ref, conv))
+    for op, ref, args in cases:
+        mine = [t.clone() for t in args]
+        theirs = [t.clone() for t in args]
+        torch.testing.assert_close(op(*mine, use_kernel=True), ref(*theirs), rtol=1e-4, atol=1e-5)
+        for got, want in zip(mine, theirs, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_opcheck():
+    verify, conv = _small_case()
+    torch.library.opcheck(torch.ops.ocria.replay_verify.default, verify)
+    torch.library.opcheck(torch.ops.ocria.causal_conv_verify.default, conv)
+
+
+def test_switch():
+    assert kernel_enabled(torch.device("cuda")) is True
+    assert kernel_enabled(torch.device("cpu")) is False
+    assert kernel_enabled(torch.device("cpu"), use_kernel=True) is True
+    with pytest.raises(OcriaError, match="needs CUDA"):
+        kernel_enabled(torch.device("meta"), use_kernel=True)
+    verify, _ = _small_case(T=9, Tmax=8)
+    with pytest.raises(OcriaError, match="exceed the ring capacity"):
+        replay_verify(*verify, use_kernel=True)
