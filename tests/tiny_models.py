@@ -87,7 +87,8 @@ def write_drafter(directory: Path, cfg: dict, seed: int = 0) -> dict[str, torch.
     """Write a z-lab-format DFlash drafter directory with random weights; returns the tensors."""
     g = torch.Generator().manual_seed(seed)
     h, n_layers = cfg["hidden_size"], cfg["num_hidden_layers"]
-    heads, kv, hd, inter = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["intermediate_size"]
+    heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    inter = cfg["intermediate_size"]
     n_feat = len(cfg["dflash_config"]["target_layer_ids"])
 
     def r(*shape, scale=0.2):
@@ -102,7 +103,8 @@ def write_drafter(directory: Path, cfg: dict, seed: int = 0) -> dict[str, torch.
             p + "self_attn.q_norm.weight": 1 + r(hd, scale=0.1), p + "self_attn.k_norm.weight": 1 + r(hd, scale=0.1),
             p + "mlp.gate_proj.weight": r(inter, h), p + "mlp.up_proj.weight": r(inter, h),
             p + "mlp.down_proj.weight": r(h, inter),
-            p + "input_layernorm.weight": 1 + r(h, scale=0.1), p + "post_attention_layernorm.weight": 1 + r(h, scale=0.1),
+            p + "input_layernorm.weight": 1 + r(h, scale=0.1),
+            p + "post_attention_layernorm.weight": 1 + r(h, scale=0.1),
         })
         if cfg["dflash_config"].get("local_conv_kernel", 0):
             t[p + "local_conv.weight"] = r(h, 1, cfg["dflash_config"]["local_conv_kernel"], scale=0.5)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ocria.errors import RequestError
+from ocria.errors import ConfigError, RequestError
 from ocria.models.cache import TargetCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import OCRiaConfig, TextConfig, read_config_json
@@ -115,14 +115,12 @@ class OCRiaForConditionalGeneration(_LMBase):
         grids = list(image_grid_thw) if image_grid_thw is not None else []
         rows, deltas = [], []
         for ids in input_ids:
-            n_img = 0
             count = int((ids == self.config.image_token_id).sum())
             per = []
             while count > 0:
                 t, h, w = (int(x) for x in grids[0])
                 per.append(grids.pop(0))
                 count -= t * h * w // merge**2
-                n_img += 1
             grid = torch.stack(per) if per else None
             pos, delta = mrope_positions(ids, grid, self.config.image_token_id, merge)
             rows.append(pos)
@@ -144,8 +142,8 @@ class OCRiaForConditionalGeneration(_LMBase):
         cfg = OCRiaConfig.from_dict(read_config_json(directory / "config.json"))
         with torch.device("meta"):
             model = cls(cfg)
-        load_module(model, directory, {"": ""}, dtype, device, ignore=IGNORED_TENSORS,
-                    optional=(r"^lm_head\.",) if cfg.text.tie_word_embeddings else ())
+        tied = (r"^lm_head\.",) if cfg.text.tie_word_embeddings else ()
+        load_module(model, directory, {"": ""}, dtype, device, ignore=IGNORED_TENSORS + tied, optional=tied)
         model.tie_weights()
         return model.eval()
 
@@ -176,15 +174,14 @@ class OCRiaForCausalLM(_LMBase):
         directory = Path(directory)
         raw = read_config_json(directory / "config.json")
         if raw.get("model_type") not in ("qwen3_5_text", "qwen3_5"):
-            from ocria.errors import ConfigError
-
             raise ConfigError(f"model_type {raw.get('model_type')!r} is not supported: expected 'qwen3_5_text'")
         text_raw = raw.get("text_config", raw)
         cfg = TextConfig.from_dict(text_raw, tie_default=bool(raw.get("tie_word_embeddings", False)))
         with torch.device("meta"):
             model = cls(cfg)
         prefix = {"model.": "model.language_model."} if raw.get("model_type") == "qwen3_5" else {}
-        load_module(model, directory, prefix, dtype, device, ignore=IGNORED_TENSORS + (r"visual\.",),
-                    optional=(r"^lm_head\.",) if cfg.tie_word_embeddings else ())
+        tied = (r"^lm_head\.",) if cfg.tie_word_embeddings else ()
+        load_module(model, directory, prefix, dtype, device, ignore=IGNORED_TENSORS + tied + (r"visual\.",),
+                    optional=tied)
         model.tie_weights()
         return model.eval()

@@ -1,0 +1,140 @@
+"""DFlash2 drafter: z-lab format loads; block logits equal an independent re-implementation."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import drafter_config, hf_vlm, save_hf, vlm_config, write_drafter
+
+from ocria.errors import ConfigError
+from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory):
+    cfg = vlm_config()
+    return OCRiaForConditionalGeneration.from_pretrained(save_hf(hf_vlm(cfg), tmp_path_factory.mktemp("t"))), cfg
+
+
+def rms(x, w, eps=1e-6):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x, pos, theta):
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
+    ang = pos[:, None].float() * inv
+    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos[:, None] + torch.cat([-x2, x1], -1) * sin[:, None]
+
+
+def reference_block_logits(t: dict, cfg: dict, embed: torch.Tensor, lm_head: torch.Tensor, feats: torch.Tensor,
+                           last_token: int) -> torch.Tensor:
+    """Straight from the DFlash description: one sequence, no cache. feats [L, n*H]."""
+    dc = cfg["dflash_config"]
+    L, Bs, hd = feats.shape[0], cfg["block_size"], cfg["head_dim"]
+    heads, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    ctx = rms(feats @ t["fc.weight"].T, t["hidden_norm.weight"])
+    block = torch.tensor([last_token] + [dc["mask_token_id"]] * (Bs - 1))
+    x = embed[block]
+    pos = torch.arange(L + Bs)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        if dc.get("local_conv_kernel"):
+            w = t[p + "local_conv.weight"][:, 0]  # [H, Kc]
+            kc = w.shape[1]
+            padded = torch.cat([torch.zeros(kc - 1, x.shape[1]), x])
+            x = x + torch.stack([(padded[j:j + kc] * w.T).sum(0) for j in range(Bs)])
+        hn = rms(x, t[p + "input_layernorm.weight"])
+        q = rms((hn @ t[p + "self_attn.q_proj.weight"].T).view(Bs, heads, hd), t[p + "self_attn.q_norm.weight"])
+        kv_in = torch.cat([ctx, hn])
+        k = rms((kv_in @ t[p + "self_attn.k_proj.weight"].T).view(L + Bs, kvh, hd), t[p + "self_attn.k_norm.weight"])
+        v = (kv_in @ t[p + "self_attn.v_proj.weight"].T).view(L + Bs, kvh, hd)
+        q, k = rope(q, pos[L:], cfg["rope_theta"]), rope(k, pos, cfg["rope_theta"])
+        k, v = k.repeat_interleave(heads // kvh, 1), v.repeat_interleave(heads // kvh, 1)
+        att = torch.softmax(torch.einsum("qhd,khd->hqk", q, k) / hd**0.5, -1)
+        o = torch.einsum("hqk,khd->qhd", att, v).reshape(Bs, -1)
+        x = x + o @ t[p + "self_attn.o_proj.weight"].T
+        hn = rms(x, t[p + "post_attention_layernorm.weight"])
+        x = x + (F.silu(hn @ t[p + "mlp.gate_proj.weight"].T) * (hn @ t[p + "mlp.up_proj.weight"].T)) @ t[
+            p + "mlp.down_proj.weight"].T
+    out = rms(x, t["norm.weight"])
+    return out[1:] @ lm_head.T
+
+
+def target_features(model, ids, layer_ids):
+    pos = torch.arange(ids.numel()).expand(3, 1, -1)
+    _, feats = model.text(model.text.embed_tokens(ids[None]), pos, capture=tuple(layer_ids))
+    return torch.cat(feats, -1)[0]
+
+
+@pytest.mark.parametrize("ext", [{}, {"local_conv_kernel": 3}, {"selector_head": True},
+                                 {"local_conv_kernel": 2, "selector_head": True}])
+def test_drafter_matches_reference(target, tmp_path, ext):
+    model, cfg = target
+    dcfg = drafter_config(cfg["text_config"], **ext)
+    tensors = write_drafter(tmp_path / "d", dcfg, seed=3)
+    drafter = DFlash2Drafter.from_pretrained(tmp_path / "d", model)
+    ids = torch.randint(7, 96, (11,))
+    with torch.no_grad():
+        feats = target_features(model, ids, dcfg["dflash_config"]["target_layer_ids"])
+        ref = reference_block_logits(tensors, dcfg, model.text.embed_tokens.weight, model.lm_head.weight, feats, 42)
+        cache = DrafterCache.allocate(2, 2, 8, num_slots=2, max_len=32, dtype=torch.float32)
+        slots = torch.tensor([1])
+        # context arrives in two pieces, the second padded beyond its count (like a partial accept)
+        drafter.append_context(feats[None, :7], torch.tensor([7]), cache, slots)
+        padded = torch.cat([feats[7:], torch.randn(2, feats.shape[1])])[None]
+        drafter.append_context(padded, torch.tensor([4]), cache, slots)
+        logits, conf = drafter.draft(torch.tensor([42]), cache, slots)
+    assert int(cache.ctx_len[1]) == 11
+    assert float((logits[0] - ref).abs().max() / ref.abs().max()) <= 1e-5
+    assert (conf is not None) == bool(ext.get("selector_head"))
+    if conf is not None:
+        budget = drafter.verify_budget(conf)
+        expect = (conf >= 0.5).int().cumprod(1).sum(1)
+        assert torch.equal(budget, expect) and conf.shape == (1, dcfg["block_size"] - 1)
+
+
+def test_extensions_change_output(target, tmp_path):
+    model, cfg = target
+    ids = torch.randint(7, 96, (9,))
+    outs = {}
+    for name, ext in {"plain": {}, "conv": {"local_conv_kernel": 3}}.items():
+        dcfg = drafter_config(cfg["text_config"], **ext)
+        write_drafter(tmp_path / name, dcfg, seed=3)  # same seed: same shared weights
+        drafter = DFlash2Drafter.from_pretrained(tmp_path / name, model)
+        with torch.no_grad():
+            feats = target_features(model, ids, [0, 2])
+            cache = DrafterCache.allocate(2, 2, 8, num_slots=1, max_len=32, dtype=torch.float32)
+            drafter.append_context(feats[None], torch.tensor([9]), cache, torch.tensor([0]))
+            outs[name] = drafter.draft(torch.tensor([11]), cache, torch.tensor([0]))[0]
+    assert not torch.allclose(outs["plain"], outs["conv"], atol=1e-4)
+
+
+def test_draft_batch_rows_are_independent(target, tmp_path):
+    model, cfg = target
+    dcfg = drafter_config(cfg["text_config"])
+    write_drafter(tmp_path / "d", dcfg)
+    drafter = DFlash2Drafter.from_pretrained(tmp_path / "d", model)
+    a, b = torch.randint(7, 96, (5,)), torch.randint(7, 96, (9,))
+    with torch.no_grad():
+        fa, fb = target_features(model, a, [0, 2]), target_features(model, b, [0, 2])
+        alone = []
+        for f in (fa, fb):
+            cache = DrafterCache.allocate(2, 2, 8, num_slots=1, max_len=32, dtype=torch.float32)
+            drafter.append_context(f[None], torch.tensor([f.shape[0]]), cache, torch.tensor([0]))
+            alone.append(drafter.draft(torch.tensor([13]), cache, torch.tensor([0]))[0])
+        cache = DrafterCache.allocate(2, 2, 8, num_slots=3, max_len=32, dtype=torch.float32)
+        padded = torch.stack([torch.cat([fa, torch.zeros(4, fa.shape[1])]), fb])
+        slots = torch.tensor([2, 0])
+        drafter.append_context(padded, torch.tensor([5, 9]), cache, slots)
+        both = drafter.draft(torch.tensor([13, 13]), cache, slots, attn_len=16)[0]
+    assert torch.allclose(both[0], alone[0][0], atol=1e-5) and torch.allclose(both[1], alone[1][0], atol=1e-5)
+
+
+def test_drafter_rejects_mismatched_target(target, tmp_path):
+    model, cfg = target
+    dcfg = drafter_config(cfg["text_config"], target_layer_ids=[0, 9])
+    write_drafter(tmp_path / "d", dcfg)
+    with pytest.raises(ConfigError, match="target_layer_ids"):
+        DFlash2Drafter.from_pretrained(tmp_path / "d", model)
