@@ -14,14 +14,8 @@ from torch import Tensor, nn
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
 from ocria.models.layers import GatedRMSNorm
-from ocria.plugins.replay_ssm.reference import (
-    causal_conv_verify_ref,
-    delta_step,
-    fold_pending,
-    gdn_gates,
-    l2norm,
-    replay_verify_ref,
-)
+from ocria.plugins.replay_ssm import ops
+from ocria.plugins.replay_ssm.reference import delta_step, fold_pending, gdn_gates, l2norm
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor):
@@ -41,6 +35,9 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
 
 
 class GatedDeltaNet(nn.Module):
+    # ReplaySSM plugin switch: None = Triton kernel on CUDA, PyTorch reference elsewhere.
+    use_kernel: bool | None = None
+
     def __init__(self, cfg: TextConfig, cache_index: int):
         super().__init__()
         self.cache_index = cache_index
@@ -94,11 +91,13 @@ class GatedDeltaNet(nn.Module):
         b, a = self.in_proj_b(x), self.in_proj_a(x)
         i = self.cache_index
         if mode == "verify":
-            y = causal_conv_verify_ref(qkv, self.conv1d.weight[:, 0, :], cache.conv_buf[i], cache.pending_len, slots)
+            y = ops.causal_conv_verify(qkv, self.conv1d.weight[:, 0, :], cache.conv_buf[i], cache.pending_len, slots,
+                                       use_kernel=self.use_kernel)
             q, k, v = self._split(y)
-            o = replay_verify_ref(
+            o = ops.replay_verify(
                 q, k, v, a, b, self.A_log, self.dt_bias, cache.ssm[i], cache.ring_k[i], cache.ring_v[i],
                 cache.ring_g[i], cache.ring_beta[i], cache.ring_phase, cache.pending_len, slots,
+                use_kernel=self.use_kernel,
             )
         else:
             q, k, v = self._split(self._conv_prefill(qkv, cache, slots))

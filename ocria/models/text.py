@@ -54,6 +54,12 @@ class TextModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
+    def set_plugins(self, use_kernel: bool | None) -> None:
+        """Choose the ReplaySSM implementation for every GDN layer (None: kernel on CUDA only)."""
+        for layer in self.layers:
+            if layer.layer_type == LINEAR:
+                layer.linear_attn.use_kernel = use_kernel
+
     def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions [3, B, T] -> cos, sin [B, T, rotary_dim]."""
         inv_freq = inverse_frequencies(self.cfg.rotary_dim, self.cfg.rope_theta)
