@@ -150,12 +150,13 @@ class _Cursor:
     def paragraph(self, text: str, max_lines: int) -> bool:
         lines: list[list[str]] = [[]]
         for w in text.split():
+            if text_width(w, self.face, self.size) > self.avail:
+                continue
             if lines[-1] and text_width(" ".join(lines[-1] + [w]), self.face, self.size) > self.avail:
                 if len(lines) == max_lines or not self.fits(self.size, len(lines) + 1):
                     break
                 lines.append([])
-            if text_width(w, self.face, self.size) <= self.avail:
-                lines[-1].append(w)
+            lines[-1].append(w)
         if not lines[0] or not self.fits(self.size, len(lines)):
             return False
         for ws in lines:
