@@ -1,0 +1,124 @@
+"""``ocria-build engine``: target + drafter + tokenizer/processor + manifest, built atomically.
+
+Everything is written into a temporary directory beside ``out`` and renamed into place at the end,
+so an interrupted or failed build never leaves a half-written engine.
+"""
+
+import datetime as dt
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+import ocria
+from ocria.builder.presets import load_preset, preset_checkpoints, save_drafter, save_target
+from ocria.errors import OcriaError
+from ocria.manifest import MANIFEST, file_table
+from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
+                   "special_tokens_map.json", "chat_template.jinja")
+
+
+def gpu_arch() -> str | None:
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def _tokenizer_source(target_dir: Path, fallback: Path) -> Path:
+    return target_dir if (target_dir / "tokenizer.json").is_file() else fallback
+
+
+def build_engine(out: str | Path, target: str | Path | None = None, drafter: str | Path | None = None,
+                 recipe: str | None = None, preset: str = "ocria-mini", force: bool = False,
+                 calib: str = "synthetic:32", allow_vision_quant: bool = False,
+                 profile: dict | None = None, progress: bool = True) -> Path:
+    """Build an engine directory at ``out`` and return its path."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise OcriaError(f"{out} already exists (use --force to replace it)")
+    if drafter is not None and target is None:
+        raise OcriaError("--drafter needs --target (the drafter must match its target)")
+    spec = load_preset(preset)
+    quant = None
+    if recipe not in (None, "bf16"):
+        from ocria.quant.recipe import load_recipe
+
+        quant = load_recipe(recipe, allow_vision_quant=allow_vision_quant)  # refuse bad recipes before any work
+    build_profile = {**spec.profile, **(profile or {})}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        steps = tqdm(total=5, desc="ocria-build engine", disable=not progress, unit="step")
+        src = Path(tempfile.mkdtemp(dir=tmp))
+        if target is None:
+            steps.set_postfix_str(f"weights of preset {spec.name}")
+            target_dir, drafter_dir = preset_checkpoints(spec, src)
+        else:
+            target_dir, drafter_dir = Path(target), Path(drafter) if drafter else None
+        steps.update()
+        steps.set_postfix_str("target")
+        model = OCRiaForConditionalGeneration.from_pretrained(target_dir)
+        if quant is None:
+            save_target(model, tmp / "target", torch.bfloat16)
+        else:
+            from ocria.quant.build import quantize_target
+
+            report = quantize_target(model, quant, calib, tmp / "target", _tokenizer_source(target_dir, spec.assets),
+                                     progress=progress)
+            (tmp / "accuracy.json").write_text(json.dumps(report, indent=2) + "\n")
+        steps.update()
+        block_size = 1
+        if drafter_dir is not None:
+            steps.set_postfix_str("drafter")
+            draft_model = DFlash2Drafter.from_pretrained(drafter_dir, model)
+            save_drafter(draft_model, tmp / "drafter", torch.bfloat16)
+            block_size = draft_model.config.block_size
+        steps.update()
+        steps.set_postfix_str("tokenizer")
+        tok_src = _tokenizer_source(target_dir, spec.assets)
+        (tmp / "tokenizer").mkdir()
+        copied = [f for f in TOKENIZER_FILES if (tok_src / f).is_file()]
+        if "tokenizer.json" not in copied or "preprocessor_config.json" not in copied:
+            raise OcriaError(f"{tok_src}: needs tokenizer.json and preprocessor_config.json")
+        for name in copied:
+            shutil.copy2(tok_src / name, tmp / "tokenizer" / name)
+        steps.update()
+        steps.set_postfix_str("manifest")
+        shutil.rmtree(src)
+        sources = {"target": file_table(target_dir)}
+        if drafter_dir is not None:
+            sources["drafter"] = file_table(drafter_dir)
+        manifest = {
+            "format": "ocria-engine/1",
+            "ocria_version": ocria.__version__,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "preset": spec.name if target is None else None,
+            "sources": {k: {"path": str(target_dir if k == "target" else drafter_dir), "files": v}
+                        for k, v in sources.items()},
+            "recipe": recipe or "bf16",
+            "profile": {**build_profile, "block_size": block_size, "dtype": "bfloat16", "gpu_arch": gpu_arch()},
+            "files": file_table(tmp),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        for path in [tmp, *tmp.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        steps.update()
+        steps.close()
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+        return out
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

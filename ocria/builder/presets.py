@@ -1,0 +1,78 @@
+"""Model presets (``configs/presets/*.yaml``): architecture, build profile and where weights come from."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+import ocria
+from ocria.errors import ConfigError
+from ocria.models import DFlash2Drafter, DrafterConfig, OCRiaConfig, OCRiaForConditionalGeneration
+from ocria.models.init import random_init
+
+PACKAGE_DIR = Path(ocria.__file__).resolve().parent
+CONFIG_DIR = PACKAGE_DIR.parent / "configs"
+ASSETS_DIR = PACKAGE_DIR / "assets"
+
+
+@dataclass
+class Preset:
+    name: str
+    target: dict
+    drafter: dict
+    profile: dict
+    seed: int
+    assets: Path
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.assets
+
+
+def load_preset(name_or_path: str) -> Preset:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CONFIG_DIR / "presets" / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (CONFIG_DIR / "presets").glob("*.yaml"))
+        raise ConfigError(f"unknown preset {name_or_path!r} (known: {', '.join(known) or 'none'}; looked in {path})")
+    try:
+        raw = yaml.safe_load(path.read_text())
+        return Preset(name=raw["name"], target=raw["target"], drafter=raw["drafter"], profile=raw.get("profile", {}),
+                      seed=int(raw.get("seed", 0)), assets=ASSETS_DIR / raw.get("assets", raw["name"]))
+    except (yaml.YAMLError, KeyError, TypeError) as e:
+        raise ConfigError(f"{path}: malformed preset ({e})") from None
+
+
+def _save_hf(directory: Path, config: dict, tensors: dict[str, torch.Tensor]) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
+    return directory
+
+
+def save_target(model: OCRiaForConditionalGeneration, directory: Path, dtype: torch.dtype) -> Path:
+    """HF layout: config.json + model.safetensors (tied head stored once, as HF does)."""
+    return _save_hf(directory, model.config.to_hf(), {n: p.to(dtype) for n, p in model.named_parameters()})
+
+
+def save_drafter(model: DFlash2Drafter, directory: Path, dtype: torch.dtype) -> Path:
+    return _save_hf(directory, model.config.to_hf(), {n: p.to(dtype) for n, p in model.named_parameters()})
+
+
+def preset_checkpoints(preset: Preset, workdir: Path) -> tuple[Path, Path]:
+    """The one path from a preset to weights: shipped trained checkpoints if the assets hold them,
+    otherwise deterministic seeded weights written to ``workdir``."""
+    shipped_target, shipped_drafter = preset.assets / "target", preset.assets / "drafter"
+    if (shipped_target / "config.json").is_file() and (shipped_drafter / "config.json").is_file():
+        return shipped_target, shipped_drafter
+    cfg = OCRiaConfig.from_dict(preset.target)
+    target = random_init(OCRiaForConditionalGeneration(cfg), preset.seed)
+    target.tie_weights()
+    drafter = random_init(DFlash2Drafter(DrafterConfig.from_dict(preset.drafter)), preset.seed + 1)
+    return (save_target(target, workdir / "target", torch.bfloat16),
+            save_drafter(drafter, workdir / "drafter", torch.bfloat16))

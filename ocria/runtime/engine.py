@@ -1,0 +1,75 @@
+"""Load a built engine directory and generate from it."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from ocria.errors import OcriaError, RequestError
+from ocria.manifest import verify_engine
+from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+from ocria.runtime.processor import PreparedPrompt, Processor
+from ocria.runtime.sampling import SamplingParams
+from ocria.runtime.scheduler import Event, Scheduler
+
+
+def load_target(directory: Path, dtype: torch.dtype, device: str) -> OCRiaForConditionalGeneration:
+    """The target checkpoint: plain HF weights, or a ModelOpt unified (quantized) checkpoint."""
+    if (directory / "hf_quant_config.json").is_file():
+        from ocria.quant.load import load_quantized_target
+
+        return load_quantized_target(directory, dtype=dtype, device=device)
+    return OCRiaForConditionalGeneration.from_pretrained(directory, dtype=dtype, device=device)
+
+
+class Engine:
+    """Target + drafter + processor of one engine directory, on one device."""
+
+    def __init__(self, root: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
+                 use_plugins: bool | None = None, verify: bool = True):
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise OcriaError(f"{self.root}: engine directory not found")
+        self.manifest = verify_engine(self.root) if verify else {}
+        profile = self.manifest.get("profile", {})
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise OcriaError("device 'cuda' requested but no CUDA GPU is available")
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.max_batch_size = int(profile.get("max_batch_size", 8))
+        self.max_seq_len = int(profile.get("max_seq_len", 2048))
+        self.prefill_chunk = int(profile.get("prefill_chunk", 512))
+        self.processor = Processor.from_engine_dir(self.root, int(profile.get("max_image_pixels", 1 << 20)))
+        self.target = load_target(self.root / "target", self.dtype, str(self.device))
+        self.target.text.set_plugins(use_plugins)
+        self.plugins = "triton" if (use_plugins if use_plugins is not None else self.device.type == "cuda") \
+            else "reference"
+        drafter_dir = self.root / "drafter"
+        self.drafter = (DFlash2Drafter.from_pretrained(drafter_dir, self.target, self.dtype, str(self.device))
+                        if drafter_dir.is_dir() else None)
+        self.block_size = self.drafter.config.block_size if self.drafter else 1
+
+    def check(self, prompt: PreparedPrompt, params: SamplingParams) -> None:
+        """Validate a request against this engine; RequestError with a one-line reason."""
+        params.check(self.max_seq_len - prompt.input_ids.numel())
+        if params.mode == "spec" and self.drafter is None:
+            raise RequestError("mode 'spec' needs a drafter, and this engine has none")
+
+    def scheduler(self, max_batch_size: int | None = None) -> Scheduler:
+        return Scheduler(self, max_batch_size)
+
+    def generate(self, image: bytes | str | Path, prompt: str | None = None,
+                 params: SamplingParams | None = None) -> Iterator[Event]:
+        """Single-request convenience: yields events until the final one."""
+        sched = self.scheduler(max_batch_size=1)
+        rid = sched.add(self.processor.prepare(image, prompt), params or SamplingParams())
+        while True:
+            for event in sched.step():
+                if event.request_id == rid:
+                    yield event
+                    if event.finished:
+                        return
+
+
+def load_engine(root: str | Path, device: str = "cpu", **kwargs) -> Engine:
+    return Engine(root, device=device, **kwargs)

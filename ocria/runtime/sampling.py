@@ -1,0 +1,102 @@
+"""Sampling parameters and position-keyed sampling that makes speculative decoding lossless.
+
+A token at sequence index ``p`` of a request with seed ``s`` is drawn by Gumbel-max with noise that
+is a pure function of ``(s, p, vocab id)``: the draw at a position never depends on how many draws
+happened before it, so ``spec`` (which evaluates and discards drafts) and ``ar`` emit the same
+tokens, and a row's tokens never depend on the rest of the batch. Everything runs on the device
+(no per-row generators, no host sync), ready for graph capture.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ocria.errors import RequestError
+
+MODES = ("spec", "ar")
+_M1, _M2, _GOLD = 0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x9E3779B97F4A7C15
+
+
+def _i64(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    mode: str = "spec"
+    ignore_eos: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def check(self, max_new_tokens: int) -> None:
+        """One-line RequestError for any out-of-range field."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.max_tokens > max_new_tokens:
+            raise RequestError(f"max_tokens={self.max_tokens} is beyond what fits in the engine's max length "
+                               f"after this prompt ({max_new_tokens})")
+        if not self.temperature >= 0:
+            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise RequestError(f"top_k must be >= 0, got {self.top_k}")
+        if self.mode not in MODES:
+            raise RequestError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if any(not s for s in self.stop):
+            raise RequestError("stop strings must not be empty")
+
+
+def _mix(x: Tensor) -> Tensor:
+    """SplitMix64-style integer finaliser on int64 (wrapping arithmetic, same on CPU and CUDA)."""
+    x = x ^ ((x >> 31) & 0x1FFFFFFFF)
+    x = x * _i64(_M1)
+    x = x ^ ((x >> 29) & 0x7FFFFFFFF)
+    x = x * _i64(_M2)
+    return x ^ ((x >> 32) & 0xFFFFFFFF)
+
+
+def gumbel_noise(seeds: Tensor, positions: Tensor, vocab: int) -> Tensor:
+    """Gumbel(0, 1) noise [..., V] keyed by seeds and positions (same shape [...])."""
+    key = _mix(seeds.long() * _i64(_GOLD) + positions.long())
+    ids = torch.arange(vocab, device=seeds.device, dtype=torch.long)
+    bits = _mix(key[..., None] ^ (ids * _i64(_M2)))
+    u = ((bits >> 11) & ((1 << 53) - 1)).double().add_(0.5).mul_(2.0**-53)
+    return -torch.log(-torch.log(u)).float()
+
+
+def filter_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
+    """Scale by temperature and mask outside top-k / top-p (per row; top_k 0 = off, top_p 1 = off)."""
+    scores = logits.float() / temperature.clamp_min(1e-6)[..., None]
+    vocab = scores.shape[-1]
+    sorted_scores, order = scores.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=scores.device)
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
+    keep = rank < k[..., None]
+    probs = torch.softmax(sorted_scores.masked_fill(~keep, float("-inf")), dim=-1)
+    keep &= (probs.cumsum(-1) - probs) < top_p[..., None]
+    keep[..., 0] = True
+    masked = sorted_scores.masked_fill(~keep, float("-inf"))
+    return torch.empty_like(scores).scatter_(-1, order, masked)
+
+
+def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, seeds: Tensor,
+           positions: Tensor) -> Tensor:
+    """Tokens [...] from logits [..., V]; greedy where temperature == 0. Sampling parameters and seeds
+    are per row ([B], broadcast over the trailing position axis of logits [B, T, V])."""
+    while temperature.dim() < logits.dim() - 1:
+        temperature, top_p, top_k, seeds = (x[..., None].expand(positions.shape)
+                                             for x in (temperature, top_p, top_k, seeds))
+    greedy = logits.argmax(-1)
+    if not bool((temperature > 0).any()):
+        return greedy
+    scores = filter_logits(logits, temperature, top_p, top_k)
+    drawn = (scores + gumbel_noise(seeds, positions, logits.shape[-1])).argmax(-1)
+    return torch.where(temperature > 0, drawn, greedy)

@@ -1,0 +1,223 @@
+"""Continuous batching: requests join (prefill) and leave (stop, cancel) between decode steps.
+
+Host-side bookkeeping only: each running request owns a cache slot; every ``step()`` admits waiting
+requests into free slots, runs one batched decode step per mode, applies stops token by token and
+returns the events (new text, finished flags, final stats). Not thread-safe: drive it from one
+thread (the Triton engine model runs it in a background loop).
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ocria.models import DrafterCache, TargetCache
+from ocria.runtime.decode import SamplingTensors, decode_step, prefill
+from ocria.runtime.detok import IncrementalDetokenizer
+from ocria.runtime.processor import PreparedPrompt
+from ocria.runtime.sampling import SamplingParams, sample
+
+
+@dataclass
+class GenerationStats:
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_steps: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    acceptance_length: float = 0.0
+    first_token_time_ns: int = 0
+    last_token_time_ns: int = 0
+    tokens_per_s: float = 0.0
+    batch_size_max: int = 0
+    mode: str = "spec"
+    plugins: str = "reference"
+
+
+@dataclass
+class Event:
+    request_id: int
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class _Request:
+    rid: int
+    prompt: PreparedPrompt
+    params: SamplingParams
+    detok: IncrementalDetokenizer
+    submitted_ns: int
+    slot: int = -1
+    last: int = -1
+    length: int = 0  # tokens committed in the target cache
+    generated: list[int] = field(default_factory=list)
+    emitted_chars: int = 0
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    decode_tokens: int = 0
+
+
+class Scheduler:
+    def __init__(self, engine, max_batch_size: int | None = None):
+        self.engine = engine
+        self.max_batch_size = max_batch_size or engine.max_batch_size
+        block = engine.block_size
+        dtype, device = engine.dtype, engine.device
+        self.max_len = engine.max_seq_len + block
+        self.tcache = TargetCache.allocate(engine.target.text_config, self.max_batch_size, self.max_len, block,
+                                           dtype, device)
+        d = engine.drafter
+        self.dcache = None if d is None else DrafterCache.allocate(
+            d.config.num_hidden_layers, d.config.num_key_value_heads, d.config.head_dim, self.max_batch_size,
+            self.max_len, dtype, device)
+        self.free = list(range(self.max_batch_size))
+        self.waiting: deque[_Request] = deque()
+        self.running: dict[int, _Request] = {}
+        self.cancelled: set[int] = set()
+        self.next_id = 0
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.cancelled)
+
+    def add(self, prompt: PreparedPrompt, params: SamplingParams) -> int:
+        self.engine.check(prompt, params)
+        rid = self.next_id
+        self.next_id += 1
+        req = _Request(rid, prompt, params, IncrementalDetokenizer(self.engine.processor.tokenizer), time.time_ns())
+        req.stats.num_prompt_tokens = prompt.input_ids.numel()
+        req.stats.mode = params.mode
+        req.stats.plugins = self.engine.plugins
+        self.waiting.append(req)
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """The request ends at the next step with finish_reason 'cancelled' and frees its slot."""
+        if any(r.rid == rid for r in self.waiting) or rid in self.running:
+            self.cancelled.add(rid)
+
+    def step(self) -> list[Event]:
+        events = self._drop_cancelled()
+        while self.waiting and self.free:
+            events += self._admit(self.waiting.popleft())
+        for mode in ("spec", "ar"):
+            rows = [r for r in self.running.values() if r.params.mode == mode]
+            if rows:
+                events += self._decode(rows, spec=mode == "spec")
+        return events
+
+    def _drop_cancelled(self) -> list[Event]:
+        events = []
+        for rid in sorted(self.cancelled):
+            req = self.running.get(rid) or next((r for r in self.waiting if r.rid == rid), None)
+            if req is None:
+                continue
+            if rid in self.running:
+                self._release(req)
+            else:
+                self.waiting.remove(req)
+            events.append(Event(rid, [], "", True, "cancelled", self._final_stats(req)))
+        self.cancelled.clear()
+        return events
+
+    def _release(self, req: _Request) -> None:
+        del self.running[req.rid]
+        self.free.append(req.slot)
+
+    def _sampling(self, rows: list[_Request]) -> SamplingTensors:
+        dev = self.engine.device
+        return SamplingTensors(
+            temperature=torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
+            top_p=torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
+            top_k=torch.tensor([r.params.top_k for r in rows], dtype=torch.long, device=dev),
+            seed=torch.tensor([r.params.seed for r in rows], dtype=torch.long, device=dev),
+        )
+
+    def _admit(self, req: _Request) -> list[Event]:
+        engine = self.engine
+        req.slot = self.free.pop()
+        self.running[req.rid] = req
+        drafter = engine.drafter if req.params.mode == "spec" else None
+        logits = prefill(engine.target, drafter, self.tcache, self.dcache if drafter else None, req.slot,
+                         req.prompt, engine.prefill_chunk)
+        req.length = req.prompt.input_ids.numel()
+        p = self._sampling([req])
+        pos = torch.tensor([req.length], device=engine.device)
+        token = int(sample(logits, p.temperature, p.top_p, p.top_k, p.seed, pos)[0])
+        return [self._emit(req, [token], len(self.running))]
+
+    def _decode(self, rows: list[_Request], spec: bool) -> list[Event]:
+        engine = self.engine
+        dev = engine.device
+        slots = torch.tensor([r.slot for r in rows], device=dev)
+        last = torch.tensor([r.last for r in rows], device=dev)
+        attn_len = max(r.length for r in rows)
+        result = decode_step(engine.target, engine.drafter if spec else None, self.tcache,
+                             self.dcache if spec else None, slots, last, self._sampling(rows), attn_len)
+        tokens, accepted, proposed = (x.tolist() for x in (result.tokens, result.accepted, result.proposed))
+        events = []
+        for i, req in enumerate(rows):
+            kept = tokens[i][: accepted[i] + 1]
+            req.length += accepted[i] + 1
+            req.stats.num_steps += 1
+            req.stats.num_draft_tokens += proposed[i]
+            req.stats.num_accepted_draft_tokens += accepted[i]
+            before = len(req.generated)
+            event = self._emit(req, kept, len(rows))
+            req.decode_tokens += len(req.generated) - before
+            events.append(event)
+        return events
+
+    def _emit(self, req: _Request, new_tokens: list[int], batch_size: int) -> Event:
+        """Append tokens one by one, applying EOS / stop tokens / max_tokens / stop strings in order."""
+        params, now = req.params, time.time_ns()
+        stats = req.stats
+        stats.batch_size_max = max(stats.batch_size_max, batch_size)
+        stats.first_token_time_ns = stats.first_token_time_ns or now
+        stats.last_token_time_ns = now
+        reason, taken = None, []
+        eos = () if params.ignore_eos else (self.engine.processor.eos_token_id,)
+        for tok in new_tokens:
+            if tok in eos or tok in params.stop_token_ids:
+                reason = "stop"
+                break
+            taken.append(tok)
+            req.generated.append(tok)
+            req.detok.push([tok])
+            if params.stop and any(s in req.detok.text for s in params.stop):
+                reason = "stop"
+                break
+            if len(req.generated) >= params.max_tokens:
+                reason = "length"
+                break
+        if reason is None:
+            req.last = new_tokens[-1]
+        text = req.detok.text + (req.detok.flush() if reason else "")
+        if params.stop:
+            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
+            if cut >= 0:
+                text = text[:cut]
+            elif reason is None:  # hold back what could be the start of a stop string
+                text = text[: max(req.emitted_chars, len(text) - max(len(s) for s in params.stop) + 1)]
+        delta = text[req.emitted_chars:]
+        req.emitted_chars = len(text)
+        if reason is None:
+            return Event(req.rid, taken, delta)
+        self._release(req)
+        return Event(req.rid, taken, delta, True, reason, self._final_stats(req))
+
+    @staticmethod
+    def _final_stats(req: _Request) -> GenerationStats:
+        s = req.stats
+        s.num_generated_tokens = len(req.generated)
+        s.acceptance_length = req.decode_tokens / s.num_steps if s.num_steps else 0.0
+        elapsed = (s.last_token_time_ns - req.submitted_ns) / 1e9
+        s.tokens_per_s = s.num_generated_tokens / elapsed if elapsed > 0 else 0.0
+        return s
