@@ -1,0 +1,227 @@
+"""Triton kernel: one pass over ``gate_up`` that writes the quantized input of ``down_proj``.
+
+Every rounding is spelled out in integer/fp32 arithmetic that mirrors ``ocria.plugins.numerics``
+(IEEE ``div_rn``, round-half-even through ``+2^23 - 2^23``, E4M3/E2M1 bytes built by hand): no
+``tl.float8e4nv`` cast is trusted, so the result is the same bytes on the GPU and in the CPU
+interpreter. On CUDA, ``exp`` is libdevice's ``expf`` (what PyTorch's CUDA ``silu`` calls); the
+interpreter uses numpy's, which agrees after rounding silu to bf16/fp16 (the tests check every
+bf16 input).
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra import libdevice
+from triton.runtime.interpreter import InterpretedFunction
+
+from ocria.errors import OcriaError
+from ocria.plugins.numerics import NVFP4_BLOCK
+
+MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
+
+
+@triton.jit
+def _round_to_dtype(x, IS_BF16: tl.constexpr, dtype: tl.constexpr):
+    """fp32 -> nearest value of ``dtype`` (kept in fp32). bf16 rounding is done on the bits because
+    the interpreter's fp32 -> bf16 cast truncates."""
+    if IS_BF16:
+        b = x.to(tl.int32, bitcast=True)
+        r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+        return tl.where(x != x, x, r)
+    else:
+        return x.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _widen(x, IS_BF16: tl.constexpr):
+    """Loaded values -> fp32; bf16 comes as int16 bits and becomes the top half of an fp32."""
+    if IS_BF16:
+        return (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
+def _rint_small(y):
+    """Round-half-even to an integer value for 0 <= y < 2^22 (fp32 ulp at 2^23 is 1)."""
+    return (y + 8388608.0) - 8388608.0
+
+
+@triton.jit
+def _e4m3_code(t):
+    """fp32 -> (E4M3 byte as int32, exact E4M3 value as fp32): RNE, saturation at 448, NaN 0x7F."""
+    a = tl.minimum(tl.abs(t), 448.0)
+    ex = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
+    r = _rint_small(a * ((130 - ex) << 23).to(tl.float32, bitcast=True))  # a * 2^(3 - ex), exact
+    mag = tl.where(t != t, 0x7F, (ex + 6) * 8 + r.to(tl.int32))
+    value = r * ((124 + ex) << 23).to(tl.float32, bitcast=True)  # r * 2^(ex - 3)
+    return mag | (((t.to(tl.int32, bitcast=True) >> 31) & 1) << 7), value
+
+
+@triton.jit
+def _e2m1_code(t):
+    """fp32 -> 4-bit E2M1 code (int32): RNE on {0, .5, 1, 1.5, 2, 3, 4, 6}, NaN/inf -> 7 (+ sign)."""
+    a = tl.abs(t)
+    low = _rint_small(a * 2.0).to(tl.int32)
+    mid = _rint_small(a).to(tl.int32) + 2
+    code = tl.where(a <= 2.0, low, tl.where(a <= 4.0, mid, tl.where(a > 5.0, 7, 6)))
+    return tl.where(t != t, 7, code) | tl.where(t < 0.0, 8, 0)
+
+
+@triton.jit
+def _silu_mul_quant_kernel(
+    x_ptr, out_ptr, scale_ptr, out_scale_ptr,
+    M, N, stride_xm, stride_om, stride_sm,
+    MODE: tl.constexpr, GATED: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+):
+    # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic (two passes over the row), 3 nvfp4.
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    # bf16 arrives as int16 bits (see ``_launch``): widened by a shift, exactly, also for subnormals
+    # where the interpreter's bf16 <-> fp32 conversions are wrong.
+    IS_BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    rows64 = rows.to(tl.int64)
+    col_start = pid_n * (BLOCK_N * NUM_CHUNKS)
+    NPASS: tl.constexpr = 2 if MODE == 2 else 1
+    scale = 1.0
+    if MODE == 1 or MODE == 3:
+        scale = tl.load(scale_ptr)
+    amax = tl.zeros([BLOCK_M], dtype=tl.float32)
+    nan_rows = tl.zeros([BLOCK_M], dtype=tl.int32)
+    row_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for p in tl.static_range(NPASS):
+        for chunk in range(NUM_CHUNKS):
+            cols = col_start + chunk * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = rmask[:, None] & (cols < N)[None, :]
+            x_offs = rows64[:, None] * stride_xm + cols[None, :]
+            if GATED:
+                g = _widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+                u = _widen(tl.load(x_ptr + x_offs + N, mask=mask, other=0), IS_BF16)
+                if ACCURATE_EXP:
+                    e = libdevice.exp(-g)
+                else:
+                    e = tl.exp(-g)
+                s = _round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, x_ptr.dtype.element_ty)
+                h32 = _round_to_dtype(s * u, IS_BF16, x_ptr.dtype.element_ty)
+            else:
+                h32 = _widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+            if p == NPASS - 1:
+                o_offs = rows64[:, None] * stride_om + cols[None, :]
+                if MODE == 0:
+                    if IS_BF16:
+                        h = (h32.to(tl.int32, bitcast=True) >> 16).to(tl.int16)
+                    else:
+                        h = h32.to(out_ptr.dtype.element_ty)
+                    tl.store(out_ptr + o_offs, h, mask=mask)
+                elif MODE == 1:
+                    code, _ = _e4m3_code(tl.math.div_rn(h32, tl.zeros_like(h32) + scale))
+                    tl.store(out_ptr + o_offs, code.to(tl.uint8), mask=mask)
+                elif MODE == 2:
+                    code, _ = _e4m3_code(tl.math.div_rn(h32, tl.zeros_like(h32) + row_scale[:, None]))
+                    tl.store(out_ptr + o_offs, code.to(tl.uint8), mask=mask)
+                else:
+                    NB: tl.constexpr = BLOCK_N // 16
+                    hb = tl.reshape(h32, [BLOCK_M, NB, 16])
+                    bnan = tl.max(tl.reshape((h32 != h32).to(tl.int32), [BLOCK_M, NB, 16]), axis=2)
+                    bamax = tl.max(tl.abs(hb), axis=2)
+                    sc = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0 * scale)
+                    sc = tl.minimum(tl.maximum(tl.where(sc == 0.0, 1.0, sc), 0.001953125), 448.0)
+                    scode, sc8 = _e4m3_code(sc)
+                    scode = tl.where(bnan > 0, 0x7F, scode)
+                    denom = tl.where(bnan > 0, float("nan"), sc8 * scale)
+                    code = _e2m1_code(tl.math.div_rn(hb, tl.zeros_like(hb) + denom[:, :, None]))
+                    lo, hi = tl.split(tl.reshape(code, [BLOCK_M, BLOCK_N // 2, 2]))
+                    pcols = (col_start + chunk * BLOCK_N) // 2 + tl.arange(0, BLOCK_N // 2)
+                    pmask = rmask[:, None] & (pcols < N // 2)[None, :]
+                    tl.store(out_ptr + rows64[:, None] * stride_om + pcols[None, :], (lo | (hi << 4)).to(tl.uint8),
+                             mask=pmask)
+                    scols = (col_start + chunk * BLOCK_N) // 16 + tl.arange(0, NB)
+                    smask = rmask[:, None] & (scols < N // 16)[None, :]
+                    tl.store(out_scale_ptr + rows64[:, None] * stride_sm + scols[None, :], scode.to(tl.uint8),
+                             mask=smask)
+            else:
+                amax = tl.maximum(amax, tl.max(tl.where(mask, tl.abs(h32), 0.0), axis=1))
+                nan_rows = tl.maximum(nan_rows, tl.max((h32 != h32).to(tl.int32), axis=1))
+        if p == 0 and NPASS == 2:
+            amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)  # ModelOpt's 2^-24 guard
+            row_scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)
+            row_scale = tl.where(nan_rows > 0, float("nan"), row_scale)
+            tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
+
+
+def _kernel_for(device: torch.device):
+    """The compiled kernel on CUDA; on CPU the interpreter, which Triton only builds when
+    ``TRITON_INTERPRET=1`` was set before ``triton`` itself was imported."""
+    if device.type != "cuda" and not isinstance(_silu_mul_quant_kernel, InterpretedFunction):
+        raise OcriaError("silu_mul_quant kernel on CPU needs TRITON_INTERPRET=1 set before triton is imported")
+    return _silu_mul_quant_kernel
+
+
+def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool) -> tuple[Tensor, Tensor | None]:
+    if mode not in MODE_IDS:
+        raise ValueError(f"unknown activation quantization mode {mode!r}; expected one of {tuple(MODE_IDS)}")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    lead, width = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, width)
+    M = x2.shape[0]
+    N = width // 2 if gated else width
+    if gated and width % 2:
+        raise ValueError(f"gate_up last dim must be even, got {width}")
+    if mode == "nvfp4" and N % NVFP4_BLOCK:
+        raise ValueError(f"NVFP4 needs a width that is a multiple of 16, got {N}")
+    if mode in ("fp8_static", "nvfp4"):
+        if scale is None:
+            raise ValueError(f"mode {mode!r} needs a calibrated scale")
+        scale = scale.to(device=x.device, dtype=torch.float32).reshape(1)
+    dev = x.device
+    out_scale = None
+    if mode == "bf16":
+        out = torch.empty(M, N, dtype=x.dtype, device=dev)
+    elif mode in ("fp8_static", "fp8_dynamic"):
+        out = torch.empty(M, N, dtype=torch.uint8, device=dev)
+        if mode == "fp8_dynamic":
+            out_scale = torch.empty(M, 1, dtype=torch.float32, device=dev)
+    else:
+        out = torch.empty(M, N // 2, dtype=torch.uint8, device=dev)
+        out_scale = torch.empty(M, N // NVFP4_BLOCK, dtype=torch.uint8, device=dev)
+    block_n = 1024 if N >= 1024 else max(16, triton.next_power_of_2(N))
+    if mode == "fp8_dynamic":
+        block_m, chunks = 4, triton.cdiv(N, block_n)
+    else:
+        block_m, chunks = (4 if M >= 64 else 1), 1
+    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * chunks))
+    if M > 0:
+        as_bits = x.dtype == torch.bfloat16
+        x_arg = x2.view(torch.int16) if as_bits else x2
+        out_arg = out.view(torch.int16) if as_bits and mode == "bf16" else out
+        _kernel_for(dev)[grid](
+            x_arg, out_arg, scale if scale is not None else out, out_scale if out_scale is not None else out,
+            M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
+            MODE=MODE_IDS[mode], GATED=gated, ACCURATE_EXP=dev.type == "cuda",
+            BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=4,
+        )
+    if mode in ("fp8_static", "fp8_dynamic"):
+        out = out.view(torch.float8_e4m3fn)
+    out = out.reshape(*lead, out.shape[-1])
+    if out_scale is not None:
+        if out_scale.dtype == torch.uint8:
+            out_scale = out_scale.view(torch.float8_e4m3fn)
+        out_scale = out_scale.reshape(*lead, out_scale.shape[-1])
+    return out, out_scale
+
+
+def silu_mul_quant_triton(
+    gate_up: Tensor, mode: str, scale: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """Fused kernel; same contract as ``reference.silu_mul_quant_reference``."""
+    return _launch(gate_up, mode, scale, gated=True)
+
+
+def quantize_act_triton(x: Tensor, mode: str, scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """The same kernel without the activation; same contract as ``reference.quantize_act_reference``."""
+    return _launch(x, mode, scale, gated=False)

@@ -1,0 +1,146 @@
+"""Fused SiLU(gate) x up -> quantized activation: the Triton kernel (CPU interpreter) is bit-exact
+against the PyTorch reference, which is bit-exact against ModelOpt's quantizers (test_numerics)."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
+
+import pytest
+import torch
+
+from ocria.plugins import numerics as nx
+from ocria.plugins.silu_quant import (
+    quantize_act,
+    quantize_act_reference,
+    silu_mul,
+    silu_mul_quant,
+    silu_mul_quant_reference,
+)
+from ocria.plugins.silu_quant.kernel import quantize_act_triton, silu_mul_quant_triton
+
+SCALES = {"bf16": None, "fp8_static": torch.tensor([0.02]), "fp8_dynamic": None,
+          "nvfp4": nx.nvfp4_global_scale(torch.tensor(12.0))}
+
+
+def _canon(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Bytes of a quantized tensor with every NaN made one pattern (a NaN's sign carries nothing)."""
+    if t is None:
+        return None
+    if t.dtype in (torch.float8_e4m3fn, torch.uint8):
+        b = t.view(torch.uint8)
+        return torch.where((t.dtype == torch.float8_e4m3fn) & ((b & 0x7F) == 0x7F), torch.full_like(b, 0x7F), b)
+    return torch.where(t.isnan(), torch.full_like(t, float("nan")), t).view(torch.int16 if t.element_size() == 2
+                                                                               else torch.int32)
+
+
+def _assert_same(got, ref):
+    assert got[0].shape == ref[0].shape and got[0].dtype == ref[0].dtype
+    assert torch.equal(_canon(got[0]), _canon(ref[0]))
+    if ref[1] is None:
+        assert got[1] is None
+    else:
+        assert got[1].dtype == ref[1].dtype and torch.equal(_canon(got[1]), _canon(ref[1]))
+
+
+def _all_bf16_gates(width: int) -> torch.Tensor:
+    """Every bf16 bit pattern (incl. NaN, inf, subnormals) once, as [65536 / width, width] gate values."""
+    return torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(-1, width)
+
+
+@pytest.mark.parametrize("mode", list(SCALES))
+def test_every_bf16_gate_value_bit_exact(mode):
+    gate = _all_bf16_gates(256)
+    torch.manual_seed(0)
+    up = (torch.randn(gate.shape) * 2).to(torch.bfloat16)
+    gate_up = torch.cat([gate, up], dim=-1)
+    ref = silu_mul_quant_reference(gate_up, mode, SCALES[mode])
+    _assert_same(silu_mul_quant_triton(gate_up, mode, SCALES[mode]), ref)
+
+
+def _tie_inputs() -> torch.Tensor:
+    """silu(32) == 32 exactly in fp32, so h = 32 * up is known: place E4M3 and E2M1 ties, NaN, inf and
+    zero blocks in h for the quantizers in the kernel to get right."""
+    e4m3 = torch.arange(1, 0x7E, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    ties = torch.cat([(e4m3[1:] + e4m3[:-1]) / 2, e4m3])[:240] * 0.02 / 32  # static scale 0.02
+    up = torch.zeros(4, 256)
+    up[0, :240] = ties
+    up[1, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2) / 32  # E2M1 ties at scale 1
+    up[1, 16:32] = torch.tensor([float("nan")] + [1.0] * 15)
+    up[1, 32:48] = torch.tensor([float("inf")] + [0.5] * 14 + [-float("inf")])
+    up[2] = torch.randn(256)
+    up[2, 100] = float("nan")  # NaN row for per-token scales
+    up[3, 5] = 1e30  # overflow in bf16 -> inf after silu * up
+    gate = torch.full((4, 256), 32.0)
+    return torch.cat([gate, up], dim=-1).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("mode", list(SCALES))
+def test_ties_nan_inf_and_zero_blocks_bit_exact(mode):
+    gate_up = _tie_inputs()
+    scale = nx.nvfp4_global_scale(torch.tensor(6 * 448.0)) if mode == "nvfp4" else SCALES[mode]
+    got = silu_mul_quant_triton(gate_up, mode, scale)
+    _assert_same(got, silu_mul_quant_reference(gate_up, mode, scale))
+    if mode == "nvfp4":
+        assert nx.unpack_e2m1(got[0])[1, :16].tolist() == [0, 2, 2, 4, 4, 6, 6, 7] * 2
+        assert got[1].float()[0, 15].item() == 1.0  # all-zero block -> block scale 1.0
+    if mode == "fp8_static":
+        assert torch.equal(got[0].view(torch.uint8)[0, 124:240], torch.arange(1, 117, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mode", list(SCALES))
+def test_random_shapes_and_leading_dims(mode, dtype):
+    torch.manual_seed(1)
+    gate_up = (torch.randn(2, 3, 2 * 80) * 3).to(dtype)  # N = 80 is not a power of two
+    got = silu_mul_quant_triton(gate_up, mode, SCALES[mode])
+    ref = silu_mul_quant_reference(gate_up, mode, SCALES[mode])
+    _assert_same(got, ref)
+    assert got[0].shape[:2] == (2, 3)
+
+
+def test_fp32_input_matches_within_exp_ulps():
+    torch.manual_seed(2)
+    gate_up = torch.randn(7, 2 * 48) * 4
+    got, _ = silu_mul_quant_triton(gate_up, "bf16")
+    torch.testing.assert_close(got, silu_mul(gate_up), rtol=1e-6, atol=1e-7)
+
+
+def test_fp8_dynamic_scales_per_token_and_zero_row():
+    gate_up = torch.zeros(3, 64, dtype=torch.bfloat16)
+    gate_up[1, :32] = 32.0
+    gate_up[1, 32 + 3] = 7.0
+    q, scales = silu_mul_quant_triton(gate_up, "fp8_dynamic")
+    assert scales.shape == (3, 1)
+    assert scales[0].item() == pytest.approx(1 / 448)
+    assert scales[1].item() == pytest.approx(224 / 448)
+    assert q.float()[1, 3].item() == 448.0
+
+
+@pytest.mark.parametrize("mode", ["fp8_static", "fp8_dynamic", "nvfp4"])
+def test_quantize_act_kernel_matches_reference(mode):
+    torch.manual_seed(3)
+    x = (torch.randn(9, 96) * 5).to(torch.bfloat16)
+    x[0, :16] = 0
+    _assert_same(quantize_act_triton(x, mode, SCALES[mode]), quantize_act_reference(x, mode, SCALES[mode]))
+
+
+@pytest.mark.parametrize("mode", list(SCALES))
+def test_custom_op_matches_reference_and_passes_opcheck(mode):
+    torch.manual_seed(4)
+    gate_up = (torch.randn(5, 2 * 32) * 2).to(torch.bfloat16)
+    _assert_same(silu_mul_quant(gate_up, mode, SCALES[mode]), silu_mul_quant_reference(gate_up, mode, SCALES[mode]))
+    torch.library.opcheck(torch.ops.ocria.silu_mul_quant.default, (gate_up, mode, SCALES[mode]),
+                          test_utils=("test_schema", "test_faketensor"))
+    if mode != "bf16":
+        x = gate_up[:, :32].contiguous()
+        _assert_same(quantize_act(x, mode, SCALES[mode]), quantize_act_reference(x, mode, SCALES[mode]))
+
+
+def test_bad_arguments_are_rejected():
+    x = torch.randn(2, 2 * 40, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="unknown activation quantization mode"):
+        silu_mul_quant_triton(x, "int8")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        silu_mul_quant_triton(x, "nvfp4", torch.tensor(1.0))
+    with pytest.raises(ValueError, match="calibrated scale"):
+        silu_mul_quant_triton(x, "fp8_static")
