@@ -1,0 +1,200 @@
+"""Execute one linear layer stored in ModelOpt's unified HF format (bf16, FP8 or NVFP4).
+
+Tensors per layer (``<prefix>.weight`` etc.):
+
+- bf16: ``weight`` [N, K] (any float dtype), optional ``bias``.
+- fp8: ``weight`` float8_e4m3fn [N, K], ``weight_scale`` fp32 scalar (amax / 448; a per-output-
+  channel [N] vector after ``concat`` of layers with different scales), ``input_scale`` fp32
+  scalar (static activation scale; absent -> dynamic per-token activation scales).
+- nvfp4: ``weight`` uint8 [N, K/2] (two E2M1 per byte, low nibble = even input index),
+  ``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32 scalar, ``input_scale``.
+
+Execution: FP8 weights x FP8 activations through ``torch._scaled_mm`` on CUDA GPUs with FP8
+tensor cores (compute capability >= 8.9); NVFP4 weight-only (bf16 activations, the exported
+``input_scale`` is not used) through the Triton ``ocria::nvfp4_gemm`` on CUDA, since Hopper has no
+FP4 tensor cores; everywhere else the weight is dequantized to the compute dtype once (cached) and
+FP8 activations are quantized and dequantized with the same rounding as on the GPU.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ocria.errors import CheckpointError
+from ocria.plugins import numerics as nx
+from ocria.plugins.fp4_gemm import nvfp4_gemm
+from ocria.plugins.silu_quant import quantize_act, silu_mul_quant
+
+FORMATS = ("bf16", "fp8", "nvfp4")
+
+
+def fp8_tensor_cores(device: torch.device) -> bool:
+    """True on CUDA devices with FP8 tensor cores (sm_89 Ada, sm_90 Hopper and newer)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def detect_format(tensors: dict[str, Tensor], prefix: str = "") -> str:
+    """``bf16`` / ``fp8`` / ``nvfp4`` from the dtype of ``<prefix>weight``."""
+    weight = tensors.get(prefix + "weight")
+    if weight is None:
+        raise CheckpointError(f"linear layer {prefix!r} has no weight tensor")
+    if weight.dtype == torch.float8_e4m3fn:
+        return "fp8"
+    if weight.dtype == torch.uint8:
+        return "nvfp4"
+    if weight.is_floating_point():
+        return "bf16"
+    raise CheckpointError(f"{prefix}weight has dtype {weight.dtype}, not bf16, float8_e4m3fn or uint8")
+
+
+class QuantLinear(nn.Module):
+    """``y = x W^T (+ b)`` for one exported layer; build with ``from_tensors``."""
+
+    def __init__(self, fmt: str, weight: Tensor, bias: Tensor | None = None, weight_scale: Tensor | None = None,
+                 weight_scale_2: Tensor | None = None, input_scale: Tensor | None = None, name: str = "linear"):
+        super().__init__()
+        if fmt not in FORMATS:
+            raise CheckpointError(f"{name}: unknown linear format {fmt!r}; expected one of {FORMATS}")
+        self.fmt, self.name = fmt, name
+        self.out_features = weight.shape[0]
+        self.in_features = weight.shape[1] * (2 if fmt == "nvfp4" else 1)
+        self._check(weight, weight_scale, weight_scale_2)
+        self.register_buffer("weight", weight)
+        self.register_buffer("bias", bias)
+        self.register_buffer("weight_scale", None if weight_scale is None else self._scale(weight_scale, fmt))
+        self.register_buffer("weight_scale_2", None if weight_scale_2 is None else weight_scale_2.float().reshape(()))
+        self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
+        self._dequantized: Tensor | None = None
+
+    @staticmethod
+    def _scale(s: Tensor, fmt: str) -> Tensor:
+        if fmt == "nvfp4":
+            return s
+        return s.float().reshape(()) if s.numel() == 1 else s.float().reshape(-1)
+
+    def _check(self, weight: Tensor, ws: Tensor | None, ws2: Tensor | None) -> None:
+        n, k = self.out_features, self.in_features
+        if self.fmt == "fp8" and (ws is None or ws.numel() not in (1, n)):
+            raise CheckpointError(f"{self.name}: FP8 weight needs a scalar or [{n}] weight_scale")
+        if self.fmt == "nvfp4":
+            if k % nx.NVFP4_BLOCK:
+                raise CheckpointError(f"{self.name}: NVFP4 input dim {k} is not a multiple of 16")
+            if ws is None or tuple(ws.shape) != (n, k // nx.NVFP4_BLOCK) or ws.dtype != torch.float8_e4m3fn:
+                raise CheckpointError(f"{self.name}: NVFP4 weight_scale must be float8_e4m3fn [{n}, {k // 16}]")
+            if ws2 is None or ws2.numel() != 1:
+                raise CheckpointError(f"{self.name}: NVFP4 weight needs a scalar weight_scale_2")
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, Tensor], prefix: str = "") -> "QuantLinear":
+        """Build from a state dict holding ``<prefix>weight`` and, by format, its scales."""
+        fmt = detect_format(tensors, prefix)
+        return cls(fmt, tensors[prefix + "weight"], tensors.get(prefix + "bias"), tensors.get(prefix + "weight_scale"),
+                   tensors.get(prefix + "weight_scale_2"), tensors.get(prefix + "input_scale"),
+                   name=prefix.rstrip(".") or "linear")
+
+    @classmethod
+    def concat(cls, layers: list["QuantLinear"], name: str = "fused") -> "QuantLinear":
+        """Stack layers that share an input (gate/up, q/k/v) along the output dim into one GEMM.
+
+        FP8 layers with different weight scales get a per-output-channel scale vector; NVFP4 layers
+        must share ``weight_scale_2`` (ModelOpt's export unifies it for such groups)."""
+        fmt = layers[0].fmt
+        if any(lay.fmt != fmt for lay in layers):
+            raise CheckpointError(f"{name}: cannot fuse layers of formats {[lay.fmt for lay in layers]}")
+        weight = torch.cat([lay.weight for lay in layers])
+        biases = [lay.bias for lay in layers]
+        bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else lay.weight.new_zeros(lay.out_features, dtype=torch.bfloat16)
+             for b, lay in zip(biases, layers, strict=True)])
+        ws = ws2 = None
+        if fmt == "fp8":
+            scales = [lay.weight_scale for lay in layers]
+            if all(s.numel() == 1 and torch.equal(s, scales[0]) for s in scales):
+                ws = scales[0]
+            else:
+                ws = torch.cat([s.expand(lay.out_features) for s, lay in zip(scales, layers, strict=True)])
+        elif fmt == "nvfp4":
+            if any(not torch.equal(lay.weight_scale_2, layers[0].weight_scale_2) for lay in layers):
+                raise CheckpointError(f"{name}: NVFP4 layers to fuse have different weight_scale_2")
+            ws, ws2 = torch.cat([lay.weight_scale for lay in layers]), layers[0].weight_scale_2
+        in_scales = [lay.input_scale for lay in layers]
+        input_scale = None if any(s is None for s in in_scales) else torch.stack(in_scales).max()
+        return cls(fmt, weight, bias, ws, ws2, input_scale, name=name)
+
+    @property
+    def act_mode(self) -> str:
+        """How the input is quantized: ``bf16`` (none), ``fp8_static`` or ``fp8_dynamic``."""
+        if self.fmt != "fp8":
+            return "bf16"
+        return "fp8_static" if self.input_scale is not None else "fp8_dynamic"
+
+    def dequantized_weight(self, dtype: torch.dtype) -> Tensor:
+        """The weight in ``dtype`` [N, K] (bf16: the tensor itself)."""
+        if self.fmt == "bf16":
+            return self.weight.to(dtype)
+        if self.fmt == "fp8":
+            scale = self.weight_scale if self.weight_scale.dim() == 0 else self.weight_scale[:, None]
+            return nx.dequantize_fp8(self.weight, scale, dtype)
+        return nx.dequantize_nvfp4(self.weight, self.weight_scale, self.weight_scale_2, dtype)
+
+    def _cached_weight(self, dtype: torch.dtype) -> Tensor:
+        if self._dequantized is None or self._dequantized.dtype != dtype \
+                or self._dequantized.device != self.weight.device:
+            self._dequantized = self.dequantized_weight(dtype)
+        return self._dequantized
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.fmt == "bf16":
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        if self.fmt == "fp8":
+            if fp8_tensor_cores(x.device):
+                q, s = quantize_act(x, self.act_mode, self.input_scale)
+                return self.forward_fp8(q, s, x.dtype)
+            return self._emulate_fp8(x)
+        if x.is_cuda:
+            y = nvfp4_gemm(x.to(torch.bfloat16), self.weight, self.weight_scale, self.weight_scale_2).to(x.dtype)
+        else:
+            y = F.linear(x, self._cached_weight(x.dtype))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def forward_fp8(self, q: Tensor, token_scales: Tensor | None, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+        """FP8 GEMM on an already quantized input ``q`` (static ``input_scale``, or per-token
+        ``token_scales`` [..., 1]): ``(q * s_x) @ (W * s_w)^T`` accumulated in fp32."""
+        if self.fmt != "fp8":
+            raise CheckpointError(f"{self.name}: forward_fp8 on a {self.fmt} layer")
+        if not fp8_tensor_cores(q.device):
+            x = nx.dequantize_fp8(q, token_scales if token_scales is not None else self.input_scale, out_dtype)
+            y = F.linear(x, self._cached_weight(out_dtype))
+            return y if self.bias is None else y + self.bias.to(y.dtype)
+        lead = q.shape[:-1]
+        q2 = q.reshape(-1, q.shape[-1])
+        rowwise = token_scales is not None or self.weight_scale.dim() == 1
+        if rowwise:
+            sa = token_scales.reshape(-1, 1) if token_scales is not None else self.input_scale.expand(q2.shape[0], 1)
+            sb = self.weight_scale.expand(self.out_features).reshape(1, -1)
+        else:
+            sa, sb = self.input_scale, self.weight_scale
+        y = torch._scaled_mm(q2, self.weight.t(), scale_a=sa.contiguous(), scale_b=sb.contiguous(),
+                             out_dtype=out_dtype)
+        y = y.reshape(*lead, self.out_features)
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _emulate_fp8(self, x: Tensor) -> Tensor:
+        if self.act_mode == "fp8_static":
+            q, s = nx.quantize_fp8(x, self.input_scale), None
+        else:
+            q, s = nx.quantize_fp8_per_token(x)
+        return self.forward_fp8(q, s, x.dtype)
+
+
+def mlp_forward(x: Tensor, gate_up: QuantLinear, down: QuantLinear) -> Tensor:
+    """``down(silu(gate) * up)`` with ``gate_up`` = ``QuantLinear.concat([gate_proj, up_proj])``.
+
+    An FP8 ``down_proj`` takes its FP8 input straight from the fused ``ocria::silu_mul_quant``
+    kernel (no bf16 activation round trip); other formats get the fused bf16 activation."""
+    gu = gate_up(x)
+    if down.fmt == "fp8":
+        q, s = silu_mul_quant(gu, down.act_mode, down.input_scale)
+        return down.forward_fp8(q, s, x.dtype)
+    h, _ = silu_mul_quant(gu, "bf16")
+    return down(h)
