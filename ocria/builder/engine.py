@@ -90,17 +90,17 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
             shutil.copy2(tok_src / name, tmp / "tokenizer" / name)
         steps.update()
         steps.set_postfix_str("manifest")
-        shutil.rmtree(src)
-        sources = {"target": file_table(target_dir)}
+        origin = f"preset:{spec.name} (seed {spec.seed})" if target is None else None
+        sources = {"target": {"path": origin or str(target_dir), "files": file_table(target_dir)}}
         if drafter_dir is not None:
-            sources["drafter"] = file_table(drafter_dir)
+            sources["drafter"] = {"path": origin or str(drafter_dir), "files": file_table(drafter_dir)}
+        shutil.rmtree(src)
         manifest = {
             "format": "ocria-engine/1",
             "ocria_version": ocria.__version__,
             "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "preset": spec.name if target is None else None,
-            "sources": {k: {"path": str(target_dir if k == "target" else drafter_dir), "files": v}
-                        for k, v in sources.items()},
+            "sources": sources,
             "recipe": recipe or "bf16",
             "profile": {**build_profile, "block_size": block_size, "dtype": "bfloat16", "gpu_arch": gpu_arch()},
             "files": file_table(tmp),

@@ -1,0 +1,118 @@
+"""ocria-build engine / ocria run: round trip, tampering refused, build time, one-line errors."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from ocria.builder.engine import build_engine
+from ocria.cli import build_main, main
+from ocria.runtime import load_engine
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    return build_engine(tmp_path_factory.mktemp("e") / "mini", progress=False)
+
+
+def test_default_build_is_fast_atomic_and_refuses_overwrite(tmp_path, capsys):
+    t0 = time.perf_counter()
+    assert build_main(["engine", "--out", str(tmp_path / "eng")]) == 0
+    assert time.perf_counter() - t0 < 60
+    manifest = json.loads((tmp_path / "eng" / "manifest.json").read_text())
+    assert set(manifest["files"]) == {"target/config.json", "target/model.safetensors", "drafter/config.json",
+                                      "drafter/model.safetensors", "tokenizer/tokenizer.json",
+                                      "tokenizer/tokenizer_config.json", "tokenizer/preprocessor_config.json"}
+    assert manifest["profile"]["block_size"] == 8 and manifest["recipe"] == "bf16"
+    assert manifest["sources"]["target"]["files"]["model.safetensors"]["sha256"]
+    assert [p.name for p in tmp_path.iterdir()] == ["eng"]  # no temporary left behind
+    assert build_main(["engine", "--out", str(tmp_path / "eng")]) == 2
+    assert "already exists (use --force" in capsys.readouterr().err
+    assert build_main(["engine", "--out", str(tmp_path / "eng"), "--force"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["eng"]
+
+
+def test_build_is_deterministic(tmp_path, engine_dir):
+    other = build_engine(tmp_path / "again", progress=False)
+    a = json.loads((engine_dir / "manifest.json").read_text())["files"]
+    b = json.loads((other / "manifest.json").read_text())["files"]
+    assert a == b
+
+
+def test_build_from_explicit_checkpoints(tmp_path, engine_dir):
+    out = build_engine(tmp_path / "copy", target=engine_dir / "target", drafter=engine_dir / "drafter",
+                       progress=False)
+    assert (out / "drafter" / "model.safetensors").is_file()
+
+
+def test_failed_build_leaves_nothing(tmp_path, capsys):
+    assert build_main(["engine", "--out", str(tmp_path / "x"), "--target", str(tmp_path / "nope")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("tamper", ["change", "truncate", "delete", "extra"])
+def test_tampered_engine_refused(tmp_path, engine_dir, tamper):
+    import shutil
+
+    eng = Path(shutil.copytree(engine_dir, tmp_path / "eng"))
+    victim = eng / "drafter" / "model.safetensors"
+    if tamper == "change":
+        data = bytearray(victim.read_bytes())
+        data[-5] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    elif tamper == "truncate":
+        victim.write_bytes(victim.read_bytes()[:-64])
+    elif tamper == "delete":
+        victim.unlink()
+    else:
+        victim = eng / "target" / "notes.txt"
+        victim.write_text("hi")
+    with pytest.raises(Exception, match=str(victim.name)):
+        load_engine(eng)
+
+
+def test_run_json(engine_dir, capsys):
+    assert main(["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), "--max-tokens", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"text", "token_ids", "num_steps", "acceptance_length", "tokens_per_s"}
+    assert 1 <= len(out["token_ids"]) <= 6 and out["plugins"] == "reference"
+    assert main(["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), "--max-tokens", "6", "--json",
+                 "--mode", "ar"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    (tmp / "notimage.png").write_text("hello, I am text")
+    (tmp / "empty.png").write_bytes(b"")
+    Image.new("RGB", (1024, 1024), "white").save(tmp / "huge.png")
+    return {
+        "missing": (["--image", str(tmp / "nope.png")], "image file not found"),
+        "not_image": (["--image", str(tmp / "notimage.png")], "not a readable image"),
+        "empty": (["--image", str(tmp / "empty.png")], "image is empty"),
+        "too_big": (["--image", str(tmp / "huge.png")], "over the limit of 262144"),
+        "max_tokens_0": (["--max-tokens", "0"], "max_tokens must be a positive integer"),
+        "max_tokens_big": (["--max-tokens", "100000"], "beyond what fits"),
+        "temperature": (["--temperature", "-1"], "temperature must be >= 0"),
+        "top_p_0": (["--top-p", "0"], "top_p must be in (0, 1]"),
+        "top_p_big": (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+    }
+
+
+def test_bad_input_one_line_errors(tmp_path, engine_dir, capsys):
+    for name, (extra, message) in _bad_inputs(tmp_path).items():
+        args = ["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), *extra]
+        assert main(args) == 2, name
+        captured = capsys.readouterr()
+        err = captured.err.strip()
+        assert message in err and "\n" not in err and "Traceback" not in err, name
+        assert captured.out == "", name
+
+
+def test_missing_engine(tmp_path, capsys):
+    assert main(["run", "--engine", str(tmp_path / "none"), "--image", str(EXAMPLE)]) == 2
+    assert "engine directory not found" in capsys.readouterr().err

@@ -1,0 +1,171 @@
+"""Runtime: lossless spec == ar under batching and joins, exact rollback, stops, detokenization."""
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from ocria.builder.engine import build_engine
+from ocria.models import TargetCache
+from ocria.plugins.replay_ssm.reference import fold_pending
+from ocria.runtime import IncrementalDetokenizer, SamplingParams, load_engine
+from ocria.runtime.decode import prefill
+
+EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.png"))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    out = build_engine(tmp_path_factory.mktemp("eng") / "mini", progress=False)
+    return load_engine(out)
+
+
+class NoisyOracle:
+    """Wraps the real drafter (which still runs) and replaces its proposals: each drafted token is the
+    true continuation with probability ``p``, else random. Exercises every acceptance length."""
+
+    def __init__(self, real, sched, refs: dict[int, list[int]], p: float, seed: int):
+        self.real, self.sched, self.refs, self.p = real, sched, refs, p
+        self.rng = random.Random(seed)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def draft(self, last, cache, slots, attn_len=None):
+        logits, conf = self.real.draft(last, cache, slots, attn_len)
+        vocab = logits.shape[-1]
+        for i, s in enumerate(slots.tolist()):
+            req = next(r for r in self.sched.running.values() if r.slot == s)
+            base = int(cache.ctx_len[s]) - req.prompt.input_ids.numel() + 1
+            ref = self.refs[req.rid]
+            for j in range(logits.shape[1]):
+                good = base + j < len(ref) and self.rng.random() < self.p
+                tok = ref[base + j] if good else self.rng.randrange(vocab)
+                logits[i, j] = float("-inf")
+                logits[i, j, tok] = 0.0
+        return logits, conf
+
+
+def run_alone(engine, prompt, params) -> list[int]:
+    sched = engine.scheduler(max_batch_size=1)
+    sched.add(prompt, params)
+    ids = []
+    while sched.has_work():
+        for ev in sched.step():
+            ids += ev.token_ids
+    return ids
+
+
+def requests(engine, n, temperature):
+    out = []
+    for i in range(n):
+        image = EXAMPLES[i % len(EXAMPLES)]
+        prompt = engine.processor.prepare(image, None if i % 2 else f"Transcribe part {i}.")
+        params = SamplingParams(max_tokens=12 + 5 * i, temperature=temperature, top_p=0.9 if i % 3 else 1.0,
+                                top_k=50 if i % 2 else 0, seed=100 + i, ignore_eos=True)
+        out.append((prompt, params))
+    return out
+
+
+@pytest.mark.parametrize("temperature,p_accept,threshold", [(0.0, 0.8, 0.0), (0.9, 0.7, 0.0), (0.0, 0.9, 0.5)])
+def test_spec_equals_ar_with_joins_and_mixed_batches(engine, temperature, p_accept, threshold):
+    reqs = requests(engine, 6, temperature)
+    refs_alone = [run_alone(engine, pr, SamplingParams(**{**pa.__dict__, "mode": "ar"})) for pr, pa in reqs]
+    real = engine.drafter
+    old_threshold = real.config.selector_threshold
+    real.config.selector_threshold = threshold
+    sched = engine.scheduler(max_batch_size=4)
+    oracle = NoisyOracle(real, sched, {}, p_accept, seed=7)
+    engine.drafter = oracle
+    try:
+        got, rid_of, accepted, join_at = {}, {}, 0, {0: [0, 1, 2], 2: [3], 5: [4, 5]}
+        step = 0
+        while step in join_at or sched.has_work() or any(s > step for s in join_at):
+            for i in join_at.get(step, []):
+                prompt, params = reqs[i]
+                mode = "ar" if i == 3 else "spec"  # one AR request shares the loop with spec ones
+                rid = sched.add(prompt, SamplingParams(**{**params.__dict__, "mode": mode}))
+                rid_of[rid] = i
+                oracle.refs[rid] = refs_alone[i]
+            for ev in sched.step():
+                got.setdefault(rid_of[ev.request_id], []).extend(ev.token_ids)
+                if ev.finished:
+                    accepted += ev.stats.num_accepted_draft_tokens
+            step += 1
+    finally:
+        engine.drafter = real
+        real.config.selector_threshold = old_threshold
+    assert accepted > 10  # the oracle's drafts were really accepted
+    for i, ref in enumerate(refs_alone):
+        assert got[i] == ref, f"request {i}: spec/batched tokens differ from ar alone"
+
+
+def test_rollback_state_equals_model_that_saw_only_accepted(engine):
+    prompt, params = requests(engine, 1, 0.0)[0]
+    ref = run_alone(engine, prompt, SamplingParams(**{**params.__dict__, "mode": "ar", "max_tokens": 30}))
+    real = engine.drafter
+    sched = engine.scheduler(max_batch_size=2)
+    engine.drafter = NoisyOracle(real, sched, {0: ref}, 0.6, seed=3)
+    try:
+        sched.add(prompt, SamplingParams(**{**params.__dict__, "max_tokens": 30}))
+        for _ in range(4):
+            sched.step()
+    finally:
+        engine.drafter = real
+    req = sched.running[0]
+    s = req.slot
+    tc = sched.tcache
+    committed = torch.cat([prompt.input_ids, torch.tensor(req.generated[:-1])])
+    assert int(tc.kv_len[s]) == committed.numel() == req.length
+    fresh = TargetCache.allocate(engine.target.text_config, 1, tc.max_len, tc.max_chunk, torch.float32)
+    fresh_prompt = type(prompt)(committed, prompt.pixel_values, prompt.image_grid_thw)
+    prefill(engine.target, None, fresh, None, 0, fresh_prompt)
+    n = int(tc.kv_len[s])
+    slot = torch.tensor([s])
+    for i in range(len(tc.k)):
+        torch.testing.assert_close(tc.k[i][s, :, :n], fresh.k[i][0, :, :n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(tc.v[i][s, :, :n], fresh.v[i][0, :, :n], rtol=1e-5, atol=1e-6)
+    W = engine.target.text_config.linear_conv_kernel_dim - 1
+    for i in range(len(tc.ssm)):
+        ours = fold_pending(tc.ssm[i], tc.ring_k[i], tc.ring_v[i], tc.ring_g[i], tc.ring_beta[i], tc.ring_phase,
+                            tc.pending_len, slot)
+        torch.testing.assert_close(ours[0], fresh.ssm[i][0], rtol=1e-4, atol=1e-5)
+        p = int(tc.pending_len[s])
+        torch.testing.assert_close(tc.conv_buf[i][s, :, p:p + W], fresh.conv_buf[i][0, :, :W])
+    assert int(tc.pending_len[s]) >= 1
+
+
+def test_stop_strings_and_eos(engine):
+    prompt, params = requests(engine, 1, 0.0)[0]
+    full = list(engine.generate(EXAMPLES[0], None, SamplingParams(max_tokens=24, ignore_eos=True, mode="ar")))
+    text = "".join(e.text for e in full)
+    stop = text[5:8]
+    cut = list(engine.generate(EXAMPLES[0], None, SamplingParams(max_tokens=24, ignore_eos=True, stop=(stop,))))
+    assert "".join(e.text for e in cut) == text[: text.find(stop)]
+    assert cut[-1].finish_reason == "stop"
+    first_id = full[0].token_ids[0]
+    by_id = list(engine.generate(EXAMPLES[0], None, SamplingParams(max_tokens=24, stop_token_ids=(first_id,))))
+    assert by_id[-1].finish_reason == "stop" and sum(len(e.token_ids) for e in by_id) == 0
+
+
+def test_cancel_frees_slot(engine):
+    sched = engine.scheduler(max_batch_size=2)
+    prompt, params = requests(engine, 1, 0.0)[0]
+    rid = sched.add(prompt, params)
+    sched.step()
+    assert sched.num_running == 1
+    sched.cancel(rid)
+    events = sched.step()
+    assert events[0].finished and events[0].finish_reason == "cancelled" and sched.num_running == 0
+    assert len(sched.free) == 2
+
+
+def test_incremental_detokenizer_multibyte(engine):
+    tok = engine.processor.tokenizer
+    text = "Zürich — 東京 ok  spaced\ttab 🙂 end"
+    ids = tok.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok)
+    pieces = [detok.push([i]) for i in ids] + [detok.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
