@@ -32,7 +32,9 @@ def _nvfp4_gemm_kernel(
     mmask = rm < M
     nmask = rn < N
     rn64 = rn.to(tl.int64)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # Swapped operands: acc[n, m] = W x^T, so the dequantized weight tile (computed in registers) is
+    # the A operand, which the tensor cores take from registers, and the small x tile is B.
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
         xb = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :], other=0)
@@ -53,13 +55,13 @@ def _nvfp4_gemm_kernel(
         s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
         if DOT_F32:
             x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-            acc = tl.dot(x, tl.trans(v * s), acc, input_precision="ieee")
+            acc = tl.dot(v * s, tl.trans(x), acc, input_precision="ieee")
         else:
-            acc = tl.dot(xb.to(tl.bfloat16, bitcast=True), tl.trans((v * s).to(tl.bfloat16)), acc)
+            acc = tl.dot((v * s).to(tl.bfloat16), tl.trans(xb.to(tl.bfloat16, bitcast=True)), acc)
     y = acc * (tl.load(g_ptr) * 67108864.0)
     b = y.to(tl.int32, bitcast=True)
     bits = tl.where(y != y, 0x7FC0, ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).to(tl.int16)
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], bits, mask=mmask[:, None] & nmask[None, :])
+    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], bits, mask=mmask[None, :] & nmask[:, None])
 
 
 def default_config(M: int, N: int, num_sms: int = 132) -> dict:

@@ -73,20 +73,18 @@ def _e2m1_code(t):
 def _silu_mul_quant_kernel(
     x_ptr, out_ptr, scale_ptr, out_scale_ptr,
     M, N, stride_xm, stride_om, stride_sm,
-    MODE: tl.constexpr, GATED: tl.constexpr, ACCURATE_EXP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    MODE: tl.constexpr, GATED: tl.constexpr, IS_BF16: tl.constexpr, ACCURATE_EXP: tl.constexpr,
+    NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
 ):
     # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic (two passes over the row), 3 nvfp4.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    # bf16 arrives as int16 bits (see ``_launch``): widened by a shift, exactly, also for subnormals
-    # where the interpreter's bf16 <-> fp32 conversions are wrong.
-    IS_BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.int16
+    # IS_BF16: x (and the bf16 output) travel as int16 bits, widened by a shift, exactly, also for
+    # subnormals where the interpreter's bf16 <-> fp32 conversions are wrong. NPASS is 2 for MODE 2.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
     col_start = pid_n * (BLOCK_N * NUM_CHUNKS)
-    NPASS: tl.constexpr = 2 if MODE == 2 else 1
     scale = 1.0
     if MODE == 1 or MODE == 3:
         scale = tl.load(scale_ptr)
@@ -202,7 +200,8 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool) -> tuple[Te
         _kernel_for(dev)[grid](
             x_arg, out_arg, scale if scale is not None else out, out_scale if out_scale is not None else out,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
-            MODE=MODE_IDS[mode], GATED=gated, ACCURATE_EXP=dev.type == "cuda",
+            MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ACCURATE_EXP=dev.type == "cuda",
+            NPASS=2 if mode == "fp8_dynamic" else 1,
             BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=4,
         )
     if mode in ("fp8_static", "fp8_dynamic"):

@@ -1,0 +1,190 @@
+"""Fused SiLU(gate) x up -> bf16 / FP8 / NVFP4 on the GPU: bit-exactness, then µs and GB/s.
+
+Correctness (GPU, against the PyTorch reference run on the same GPU): every bf16 gate value, a
+large random tensor, and ties/NaN/inf/zero-block inputs, for each mode; mismatching bytes are
+counted (a NaN's sign is not significant).
+
+Timing rows (tokens M x width N, gate_up [M, 2N] bf16):
+  fused     ocria::silu_mul_quant (one Triton kernel)
+  unfused   the plain PyTorch chain: F.silu(gate) * up, then the quantizer in torch ops
+            (fp8: div, clamp, cast; fp8_dynamic: amax, div, clamp, cast; nvfp4: numerics.quantize_nvfp4)
+  floor     bytes in + bytes out at the device copy bandwidth measured in the same run
+Timing: a CUDA graph of R calls over rotating input copies (>= 256 MB touched), median over replays / R.
+
+    python3 bench/silu_quant.py --out bench/results/silu_quant_h200.json
+CPU smoke run of the correctness part and the timed closures (Triton interpreter, no timing):
+    TRITON_INTERPRET=1 python bench/silu_quant.py --device cpu --tokens 3 --widths 64 --out /tmp/s.json
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from ocria.plugins import numerics as nx
+from ocria.plugins.silu_quant import silu_mul_quant, silu_mul_quant_reference
+
+ROTATE_BYTES = 256 << 20
+MODES = ("bf16", "fp8_static", "fp8_dynamic", "nvfp4")
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * a.numel() / (time_calls([lambda: b.copy_(a)], min_calls=10) * 1e-6)
+
+
+def time_calls(fns: list, min_calls: int = 20, replays: int = 15) -> float:
+    """Median µs per call of a CUDA graph that runs the closures round-robin (>= min_calls calls)."""
+    reps = max(1, -(-min_calls // len(fns)))
+    calls = fns * reps
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in calls:
+            f()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    return statistics.median(times)
+
+
+def unfused(gate_up: torch.Tensor, mode: str, scale: torch.Tensor | None):
+    gate, up = gate_up.chunk(2, dim=-1)
+    h = F.silu(gate) * up
+    if mode == "bf16":
+        return h
+    if mode == "fp8_static":
+        return (h.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    if mode == "fp8_dynamic":
+        s = h.abs().amax(dim=-1, keepdim=True).float().clamp(min=2.0**-24) / 448.0
+        return (h.float() / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), s
+    return nx.quantize_nvfp4(h, scale)
+
+
+def out_bytes(m: int, n: int, mode: str) -> int:
+    return {"bf16": 2 * m * n, "fp8_static": m * n, "fp8_dynamic": m * n + 4 * m,
+            "nvfp4": m * n // 2 + m * n // 16}[mode]
+
+
+def _mismatches(a, b) -> int:
+    def canon(t):
+        if t is None:
+            return None
+        if t.dtype == torch.float8_e4m3fn:
+            u = t.view(torch.uint8)
+            return torch.where((u & 0x7F) == 0x7F, torch.full_like(u, 0x7F), u).to(torch.int32)
+        if t.dtype == torch.uint8:
+            return t.to(torch.int32)
+        nan = t.isnan()
+        return torch.where(nan, torch.zeros_like(t), t).view(torch.int16 if t.element_size() == 2 else torch.int32)\
+            .to(torch.int32) + nan.to(torch.int32) * 7777
+    bad = int((canon(a[0]) != canon(b[0])).sum())
+    if b[1] is not None:
+        bad += int((canon(a[1]) != canon(b[1])).sum())
+    return bad
+
+
+def correctness(scales: dict, dev: str) -> list[dict]:
+    rows = []
+    gate = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(-1, 512).to(dev)
+    up = (torch.randn(gate.shape, device=dev) * 2).to(torch.bfloat16)
+    every_gate = torch.cat([gate, up], dim=-1)
+    n = 6144 if dev == "cuda" else 64
+    rnd = (torch.randn(1024 if dev == "cuda" else 8, 2 * n, device=dev) * 3).to(torch.bfloat16)
+    rnd[5, :16] = 0
+    rnd[7, 3] = float("nan")
+    rnd[6, n + 40] = float("inf")
+    ties_up = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 32, device=dev).reshape(1, 256) / 32
+    ties = torch.cat([torch.full((1, 256), 32.0, device=dev), ties_up], dim=-1).to(torch.bfloat16)
+    for name, x in (("every_bf16_gate", every_gate), (f"random_{rnd.shape[0]}x{n}", rnd), ("e2m1_ties", ties)):
+        for mode in MODES:
+            s = nx.nvfp4_global_scale(torch.tensor(6 * 448.0)).to(dev) if name == "e2m1_ties" and mode == "nvfp4" \
+                else scales[mode]
+            got = silu_mul_quant(x, mode, s)
+            ref = silu_mul_quant_reference(x, mode, s)
+            rows.append({"input": name, "mode": mode, "elements": x.numel() // 2, "mismatches": _mismatches(got, ref)})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 16, 128, 1024, 4096, 8192])
+    ap.add_argument("--widths", type=int, nargs="+", default=[6144, 12288, 18944])
+    ap.add_argument("--out", default="bench/results/silu_quant_h200.json")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    dev = args.device
+    scales = {"bf16": None, "fp8_static": torch.tensor([0.02], device=dev), "fp8_dynamic": None,
+              "nvfp4": nx.nvfp4_global_scale(torch.tensor(12.0)).to(dev)}
+    checks = correctness(scales, dev)
+    for c in checks:
+        print(f"exact {c['input']:18s} {c['mode']:12s} mismatches {c['mismatches']} / {c['elements']}")
+    if dev != "cuda":  # smoke run: exercise the timed closures once, no timing
+        x = (torch.randn(args.tokens[0], 2 * args.widths[0]) * 3).to(torch.bfloat16)
+        for mode in MODES:
+            silu_mul_quant(x, mode, scales[mode])
+            unfused(x, mode, scales[mode])
+        print(json.dumps({"all_exact": all(c["mismatches"] == 0 for c in checks)}))
+        return
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    rows = []
+    print(f"{'M':>5} {'N':>6} {'mode':12s} {'fused µs':>9} {'unfused':>9} {'floor':>8} {'x floor':>7} "
+          f"{'speedup':>7} {'GB/s':>7}")
+    for n in args.widths:
+        for m in args.tokens:
+            in_bytes = m * 2 * n * 2
+            copies = max(1, min(64, -(-ROTATE_BYTES // in_bytes)))
+            xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
+            for mode in MODES:
+                s = scales[mode]
+                calls = 20 if in_bytes < (64 << 20) else 5
+                fused = time_calls([lambda x=x, md=mode, s=s: silu_mul_quant(x, md, s) for x in xs], calls)
+                plain = time_calls([lambda x=x, md=mode, s=s: unfused(x, md, s) for x in xs], calls)
+                nbytes = in_bytes + out_bytes(m, n, mode)
+                floor = nbytes / bw * 1e6
+                row = {"tokens": m, "width": n, "mode": mode, "fused_us": fused, "unfused_us": plain,
+                       "floor_us": floor, "bytes": nbytes, "fused_GBps": nbytes / fused * 1e-3,
+                       "x_floor": fused / floor, "speedup_vs_unfused": plain / fused}
+                rows.append(row)
+                print(f"{m:5d} {n:6d} {mode:12s} {fused:9.2f} {plain:9.2f} {floor:8.2f} {fused / floor:7.2f} "
+                      f"{plain / fused:7.2f} {row['fused_GBps']:7.0f}")
+            del xs
+    big = [r for r in rows if r["tokens"] >= 1024]
+    summary = {"max_x_floor_tokens_ge_1024": max(r["x_floor"] for r in big),
+               "min_speedup_tokens_ge_1024": min(r["speedup_vs_unfused"] for r in big),
+               "all_exact": all(c["mismatches"] == 0 for c in checks)}
+    print(json.dumps(summary))
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": __import__("triton").__version__,
+              "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+              "copy_bandwidth_TBps": bw / 1e12, "correctness": checks, "rows": rows, "summary": summary}
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
