@@ -26,6 +26,7 @@ class Preset:
     profile: dict
     seed: int
     assets: Path
+    init: dict
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -42,7 +43,8 @@ def load_preset(name_or_path: str) -> Preset:
     try:
         raw = yaml.safe_load(path.read_text())
         return Preset(name=raw["name"], target=raw["target"], drafter=raw["drafter"], profile=raw.get("profile", {}),
-                      seed=int(raw.get("seed", 0)), assets=ASSETS_DIR / raw.get("assets", raw["name"]))
+                      seed=int(raw.get("seed", 0)), assets=ASSETS_DIR / raw.get("assets", raw["name"]),
+                      init=dict(raw.get("init") or {}))
     except (yaml.YAMLError, KeyError, TypeError) as e:
         raise ConfigError(f"{path}: malformed preset ({e})") from None
 
@@ -70,9 +72,17 @@ def preset_checkpoints(preset: Preset, workdir: Path) -> tuple[Path, Path]:
     shipped_target, shipped_drafter = preset.assets / "target", preset.assets / "drafter"
     if (shipped_target / "config.json").is_file() and (shipped_drafter / "config.json").is_file():
         return shipped_target, shipped_drafter
-    cfg = OCRiaConfig.from_dict(preset.target)
-    target = random_init(OCRiaForConditionalGeneration(cfg), preset.seed)
-    target.tie_weights()
-    drafter = random_init(DFlash2Drafter(DrafterConfig.from_dict(preset.drafter)), preset.seed + 1)
+    target, drafter = random_models(preset, "cpu")
     return (save_target(target, workdir / "target", torch.bfloat16),
             save_drafter(drafter, workdir / "drafter", torch.bfloat16))
+
+
+def random_models(preset: Preset, device: str, dtype: torch.dtype = torch.float32):
+    """The preset's seeded target and drafter, built directly on ``device`` (no checkpoint round trip)."""
+    with torch.device(device):
+        target = OCRiaForConditionalGeneration(OCRiaConfig.from_dict(preset.target))
+        drafter = DFlash2Drafter(DrafterConfig.from_dict(preset.drafter))
+    random_init(target, preset.seed, **preset.init)
+    random_init(drafter, preset.seed + 1, **preset.init)
+    target.to(dtype).tie_weights()
+    return target.eval(), drafter.to(dtype).eval().bind(target.text.embed_tokens, target.lm_head)

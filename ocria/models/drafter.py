@@ -107,7 +107,8 @@ class DFlash2Drafter(nn.Module):
         return self
 
     def _rope(self, positions: Tensor, dtype: torch.dtype):
-        return rope_cos_sin(positions, inverse_frequencies(self.config.head_dim, self.config.rope_theta), dtype)
+        inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, str(positions.device))
+        return rope_cos_sin(positions, inv_freq, dtype)
 
     def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor) -> None:
         """KV-inject the first ``counts[b]`` of feats [B, C, n*H] after each slot's context."""
@@ -140,6 +141,10 @@ class DFlash2Drafter(nn.Module):
         out = self.norm(x)[:, 1:]
         conf = torch.sigmoid(self.selector_head(out).float())[..., 0] if self.config.selector_head else None
         return self.lm_head(out).float(), conf
+
+    def propose(self, logits: Tensor, cache: DrafterCache, slots: Tensor) -> Tensor:
+        """Drafted tokens [B, Bs-1] from the drafted logits (greedy; a hook benchmarks override)."""
+        return logits.argmax(-1)
 
     def verify_budget(self, conf: Tensor | None) -> Tensor | None:
         """Number of drafted tokens per row the selector sends for verification (None: all)."""

@@ -1,5 +1,7 @@
 """Small building blocks shared by the target and the drafter: norms, SwiGLU MLP, rotary embeddings."""
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -74,8 +76,10 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
 
 
-def inverse_frequencies(dim: int, theta: float) -> Tensor:
-    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+@lru_cache(maxsize=64)
+def inverse_frequencies(dim: int, theta: float, device: str = "cpu") -> Tensor:
+    """RoPE inverse frequencies, cached per device so a captured CUDA graph never copies from the host."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
 
 
 def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: list[int], dtype: torch.dtype):
@@ -84,7 +88,7 @@ def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: list[int],
     Frequency i takes the temporal position, except i = 1 mod 3 (height) and i = 2 mod 3 (width)
     inside the first ``3 * mrope_section[1|2]`` frequencies, as in Qwen3.5.
     """
-    freqs = positions[..., None].float() * inv_freq.to(positions.device)
+    freqs = positions[..., None].float() * inv_freq
     mixed = freqs[0].clone()
     for axis in (1, 2):
         idx = slice(axis, mrope_section[axis] * 3, 3)
@@ -95,6 +99,6 @@ def mrope_cos_sin(positions: Tensor, inv_freq: Tensor, mrope_section: list[int],
 
 def rope_cos_sin(positions: Tensor, inv_freq: Tensor, dtype: torch.dtype):
     """Plain 1D RoPE over the full head dim. positions [...] -> cos, sin [..., head_dim]."""
-    freqs = positions[..., None].float() * inv_freq.to(positions.device)
+    freqs = positions[..., None].float() * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)

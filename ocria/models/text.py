@@ -62,7 +62,7 @@ class TextModel(nn.Module):
 
     def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions [3, B, T] -> cos, sin [B, T, rotary_dim]."""
-        inv_freq = inverse_frequencies(self.cfg.rotary_dim, self.cfg.rope_theta)
+        inv_freq = inverse_frequencies(self.cfg.rotary_dim, self.cfg.rope_theta, str(positions.device))
         return mrope_cos_sin(positions, inv_freq, self.cfg.mrope_section, dtype)
 
     def forward(self, embeds: Tensor, positions: Tensor, mode: str = "full", cache: TargetCache | None = None,

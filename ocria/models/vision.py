@@ -93,7 +93,7 @@ class VisionModel(nn.Module):
             seqlens += [h * w] * t
         x = x + torch.cat(pos).to(x.dtype)
         head_dim = cfg.hidden_size // cfg.num_heads
-        inv_freq = inverse_frequencies(head_dim // 2, cfg.rope_theta).to(x.device)
+        inv_freq = inverse_frequencies(head_dim // 2, cfg.rope_theta, str(x.device))
         freqs = torch.cat([torch.cat(rows)[:, None] * inv_freq, torch.cat(cols)[:, None] * inv_freq], dim=-1)
         emb = torch.cat([freqs, freqs], dim=-1)
         cos, sin = emb.cos(), emb.sin()

@@ -67,13 +67,16 @@ def prefill(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | Non
 @torch.no_grad()
 def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
                 dcache: DrafterCache | None, slots: Tensor, last: Tensor, params: SamplingTensors,
-                attn_len: int) -> StepResult:
-    """One ``ar`` (drafter None) or ``spec`` step for rows ``slots`` [B] with last tokens ``last`` [B]."""
+                attn_len: int, all_greedy: bool | None = None) -> StepResult:
+    """One ``ar`` (drafter None) or ``spec`` step for rows ``slots`` [B] with last tokens ``last`` [B].
+
+    No host synchronisation when ``all_greedy`` is given: the step can be captured in a CUDA graph.
+    """
     B = slots.shape[0]
     budget = None
     if drafter is not None:
         draft_logits, conf = drafter.draft(last, dcache, slots, attn_len=attn_len + drafter.config.block_size)
-        drafts = draft_logits.argmax(-1)
+        drafts = drafter.propose(draft_logits, dcache, slots)
         block = torch.cat([last[:, None], drafts], dim=1)
         budget = drafter.verify_budget(conf)
     else:
@@ -84,7 +87,8 @@ def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter |
     capture = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
     hidden, feats = target.forward_cached(target.text.embed_tokens(block), positions, tcache, slots, "verify",
                                           capture=capture, attn_len=attn_len + T)
-    tokens = sample(target.logits(hidden), params.temperature, params.top_p, params.top_k, params.seed, index + 1)
+    tokens = sample(target.logits(hidden), params.temperature, params.top_p, params.top_k, params.seed, index + 1,
+                    all_greedy)
     if drafter is None:
         accepted = torch.zeros(B, dtype=torch.long, device=slots.device)
         proposed = accepted

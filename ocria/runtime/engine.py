@@ -26,7 +26,7 @@ class Engine:
     """Target + drafter + processor of one engine directory, on one device."""
 
     def __init__(self, root: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                 use_plugins: bool | None = None, verify: bool = True):
+                 use_plugins: bool | None = None, verify: bool = True, use_graphs: bool | None = None):
         self.root = Path(root)
         if not self.root.is_dir():
             raise OcriaError(f"{self.root}: engine directory not found")
@@ -36,6 +36,9 @@ class Engine:
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise OcriaError("device 'cuda' requested but no CUDA GPU is available")
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise OcriaError("CUDA graphs need device 'cuda'")
         self.max_batch_size = int(profile.get("max_batch_size", 8))
         self.max_seq_len = int(profile.get("max_seq_len", 2048))
         self.prefill_chunk = int(profile.get("prefill_chunk", 512))

@@ -88,14 +88,15 @@ def filter_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Ten
 
 
 def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, seeds: Tensor,
-           positions: Tensor) -> Tensor:
+           positions: Tensor, all_greedy: bool | None = None) -> Tensor:
     """Tokens [...] from logits [..., V]; greedy where temperature == 0. Sampling parameters and seeds
-    are per row ([B], broadcast over the trailing position axis of logits [B, T, V])."""
+    are per row ([B], broadcast over the trailing position axis of logits [B, T, V]). ``all_greedy``
+    (known on the host) skips the sampling path without a device sync; None checks on the device."""
     while temperature.dim() < logits.dim() - 1:
         temperature, top_p, top_k, seeds = (x[..., None].expand(positions.shape)
                                              for x in (temperature, top_p, top_k, seeds))
     greedy = logits.argmax(-1)
-    if not bool((temperature > 0).any()):
+    if all_greedy if all_greedy is not None else not bool((temperature > 0).any()):
         return greedy
     scores = filter_logits(logits, temperature, top_p, top_k)
     drawn = (scores + gumbel_noise(seeds, positions, logits.shape[-1])).argmax(-1)

@@ -15,6 +15,7 @@ import torch
 from ocria.models import DrafterCache, TargetCache
 from ocria.runtime.decode import SamplingTensors, decode_step, prefill
 from ocria.runtime.detok import IncrementalDetokenizer
+from ocria.runtime.graphs import GraphDecoder
 from ocria.runtime.processor import PreparedPrompt
 from ocria.runtime.sampling import SamplingParams, sample
 
@@ -68,12 +69,15 @@ class Scheduler:
         block = engine.block_size
         dtype, device = engine.dtype, engine.device
         self.max_len = engine.max_seq_len + block
-        self.tcache = TargetCache.allocate(engine.target.text_config, self.max_batch_size, self.max_len, block,
-                                           dtype, device)
+        use_graphs = engine.use_graphs
+        slots = self.max_batch_size + int(use_graphs)  # a spare slot pads graph buckets
+        self.tcache = TargetCache.allocate(engine.target.text_config, slots, self.max_len, block, dtype, device)
         d = engine.drafter
         self.dcache = None if d is None else DrafterCache.allocate(
-            d.config.num_hidden_layers, d.config.num_key_value_heads, d.config.head_dim, self.max_batch_size,
-            self.max_len, dtype, device)
+            d.config.num_hidden_layers, d.config.num_key_value_heads, d.config.head_dim, slots, self.max_len,
+            dtype, device)
+        self.graph = (GraphDecoder(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
+                                   self.max_batch_size) if use_graphs else None)
         self.free = list(range(self.max_batch_size))
         self.waiting: deque[_Request] = deque()
         self.running: dict[int, _Request] = {}
@@ -159,9 +163,16 @@ class Scheduler:
         slots = torch.tensor([r.slot for r in rows], device=dev)
         last = torch.tensor([r.last for r in rows], device=dev)
         attn_len = max(r.length for r in rows)
-        result = decode_step(engine.target, engine.drafter if spec else None, self.tcache,
-                             self.dcache if spec else None, slots, last, self._sampling(rows), attn_len)
-        tokens, accepted, proposed = (x.tolist() for x in (result.tokens, result.accepted, result.proposed))
+        greedy = all(r.params.temperature == 0 for r in rows)
+        if self.graph is not None:
+            composition = (spec, *(r.rid for r in rows))
+            params = self._sampling(rows) if composition != self.graph.composition else None
+            out = self.graph.step(slots.tolist(), last.tolist(), params, spec, attn_len, greedy, composition)
+        else:
+            result = decode_step(engine.target, engine.drafter if spec else None, self.tcache,
+                                 self.dcache if spec else None, slots, last, self._sampling(rows), attn_len, greedy)
+            out = (result.tokens, result.accepted, result.proposed)
+        tokens, accepted, proposed = (x.tolist() for x in out)
         events = []
         for i, req in enumerate(rows):
             kept = tokens[i][: accepted[i] + 1]

@@ -1,0 +1,319 @@
+"""End-to-end decode benchmark on one GPU: ar / spec / forced-acceptance modes, CUDA-graph steps.
+
+    python bench/e2e.py --preset ocria-1-sim --batch 1 8 32 64 --out bench/results/e2e_h200.json
+
+For each batch size: prefill the same document prompt into every row, then time graph-captured
+decode steps (one graph launch + one async readback per step). ``ar`` runs first and its greedy
+tokens become the oracle table; ``oracle`` forces every draft to be the target's own continuation,
+``tau=X`` forces the first k ~ Binomial(B-1, (X-1)/(B-1)) drafts right and the rest wrong, ``spec``
+uses the (random) drafter as is. The drafter always runs. Every spec-family run is checked token for
+token against ``ar`` (bf16 on both sides); a first divergence is accepted only where ``ar``'s top-2
+logit margin at that position is under --tie-margin (a floating-point tie), and it is reported.
+Also: launches per step (profiler), host time per step, roofline fraction, HF transformers baseline.
+"""
+
+import argparse
+import datetime as dt
+import io
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ocria.builder.presets import load_preset, random_models
+from ocria.data import LONG_PAGE, generate
+from ocria.models import DrafterCache, TargetCache
+from ocria.models.config import LINEAR
+from ocria.runtime.decode import SamplingTensors, prefill
+from ocria.runtime.graphs import GraphDecoder
+from ocria.runtime.processor import Processor
+
+
+class ForcedDrafter:
+    """The real drafter runs; its proposals are replaced from an oracle table (graph-safe)."""
+
+    def __init__(self, real, table: torch.Tensor, tau: float | None):
+        self.real, self.table, self.tau = real, table, tau
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def propose(self, logits, cache, slots):
+        n = logits.shape[1]
+        idx = cache.ctx_len[slots].long()[:, None] + 1 + torch.arange(n, device=slots.device)
+        want = self.table[slots[:, None], idx.clamp(max=self.table.shape[1] - 1)]
+        if self.tau is not None:
+            k = (torch.rand(slots.shape[0], n, device=slots.device) < (self.tau - 1) / n).sum(1)
+            wrong = torch.arange(n, device=slots.device)[None, :] >= k[:, None]
+            want = torch.where(wrong, (want + 1) % logits.shape[-1], want)
+        return want
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        y.copy_(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del x, y
+    return 2 * (2 << 30) / statistics.median(times)
+
+
+def param_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def step_bytes(target, drafter, rows: int, kv_len: int, spec: bool) -> int:
+    """Bytes a decode step must move: weights once (tied head counted once, embeddings gathered),
+    each GDN state read + written once per row, each row's attention KV read once."""
+    cfg = target.text_config
+    text = param_bytes(target.text) - param_bytes(target.text.embed_tokens)
+    weights = text + param_bytes(target.lm_head)
+    if spec:
+        weights += param_bytes(drafter) + param_bytes(target.lm_head)  # the drafter reads the head again
+    n_lin = cfg.layer_types.count(LINEAR)
+    state = n_lin * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 * 2
+    n_full = cfg.num_hidden_layers - n_lin
+    elem = next(target.parameters()).element_size()
+    kv = n_full * 2 * cfg.num_key_value_heads * cfg.head_dim * kv_len * elem
+    return weights + rows * (state + kv)
+
+
+def count_launches(fn) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    graph = sum(n in ("cudaGraphLaunch", "cuGraphLaunch") for n in names)
+    kernels = sum(n in ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC") for n in names)
+    copies = sum(n.startswith("cudaMemcpy") for n in names)
+    return {"graph_launches": graph, "kernel_launches": kernels, "memcpy_calls": copies,
+            "launches_per_step": graph + kernels}
+
+
+def prefill_rows(target, drafter, tcache, dcache, prompt, rows) -> list[int]:
+    return [int(prefill(target, drafter, tcache, dcache, r, prompt, chunk=1024).argmax(-1)) for r in range(rows)]
+
+
+def run_mode(target, drafter, prompt, rows, mode, table, args):
+    """Capture + profile on a throw-away generation, then time a fresh one. Returns row dict + tokens."""
+    spec = mode != "ar"
+    cfg, dc = target.text_config, drafter.config
+    L = prompt.input_ids.numel()
+    T = dc.block_size if spec else 1
+    steps = args.tokens if not spec else args.tokens + 2
+    max_len = L + (steps + 2) * T + 64
+    tcache = TargetCache.allocate(cfg, rows + 1, max_len, dc.block_size, torch.bfloat16, "cuda")
+    dcache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, rows + 1, max_len,
+                                   torch.bfloat16, "cuda") if spec else None
+    use = {"ar": None, "spec": drafter, "oracle": ForcedDrafter(drafter, table, None)}.get(mode)
+    if mode.startswith("tau="):
+        use = ForcedDrafter(drafter, table, float(mode[4:]))
+    real = use.real if isinstance(use, ForcedDrafter) else use
+    graph = GraphDecoder(target, use, tcache, dcache, pad_slot=rows, max_batch=rows)
+    zeros = torch.zeros(rows, device="cuda")
+    params = SamplingTensors(zeros, torch.ones(rows, device="cuda"), zeros.long(), zeros.long())
+    slots = list(range(rows))
+    horizon = L + steps * T  # one attention-length bucket for the whole run
+    first = prefill_rows(target, real, tcache, dcache, prompt, rows)
+    graph.step(slots, first, params, spec, horizon, True, ("warm", mode))
+    launches = count_launches(lambda: graph.step(slots, first, None, spec, horizon, True, ("warm", mode)))
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    first = prefill_rows(target, real, tcache, dcache, prompt, rows)
+    torch.cuda.synchronize()
+    ttft_ms = (time.perf_counter() - t0) / rows * 1e3
+    tokens = [[t] for t in first]
+    step_ms, wall_ms, acc_total = [], [], 0
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n = 0
+    while min(len(t) for t in tokens) <= args.tokens and n < steps:
+        w0 = time.perf_counter()
+        start.record()
+        out, acc, _ = graph.step(slots, [t[-1] for t in tokens], params, spec, horizon, True, ("timed", mode))
+        end.record()
+        wall_ms.append((time.perf_counter() - w0) * 1e3)
+        step_ms.append(start.elapsed_time(end))
+        n += 1
+        for r in range(rows):
+            tokens[r] += out[r, : int(acc[r]) + 1].tolist()
+        acc_total += int(acc.sum())
+    if not spec:
+        for r in range(rows):
+            table[r, L: L + len(tokens[r])] = torch.tensor(tokens[r], device="cuda")
+    med_step, med_wall = statistics.median(step_ms[1:] or step_ms), statistics.median(wall_ms[1:] or wall_ms)
+    tau = (acc_total + rows * n) / (rows * n)
+    row = {"batch": rows, "mode": mode, "steps": n, "step_ms": med_step, "wall_ms_per_step": med_wall,
+           "host_ms_per_step": max(med_wall - med_step, 0.0), "host_fraction": max(med_wall - med_step, 0) / med_wall,
+           "mean_acceptance_length": tau, "tokens_per_s": rows * tau / (med_wall / 1e3), "ttft_ms": ttft_ms,
+           "launches": launches, "kv_len_end": L + max(len(t) for t in tokens)}
+    return row, tokens
+
+
+def divergence_margin(target, prompt, ar: list[int], spec: list[int], i: int) -> float:
+    """Logit gap between ar's and spec's token at generated index i, from a fresh full forward."""
+    ids = torch.cat([prompt.input_ids, torch.tensor(ar[:i])]).cuda()
+    with torch.no_grad():
+        embeds = target.embed(ids[None], prompt.pixel_values.cuda(), prompt.image_grid_thw.cuda())
+        pos, _ = target.positions(ids[None], prompt.image_grid_thw.cuda())
+        hidden, _ = target.text(embeds, pos)
+        logits = target.logits(hidden[:, -1])[0]
+    return float((logits[ar[i]] - logits[spec[i]]).abs())
+
+
+def check_lossless(target, prompt, ar_tokens, spec_tokens, tie_margin):
+    """Compare each row up to the shorter length; a divergence is tolerated only at an fp tie."""
+    report = []
+    for r, (a, s) in enumerate(zip(ar_tokens, spec_tokens)):
+        n = min(len(a), len(s))
+        diff = next((i for i in range(n) if a[i] != s[i]), None)
+        entry = {"row": r, "compared": n, "first_divergence": diff}
+        if diff is not None:
+            entry["logit_gap"] = divergence_margin(target, prompt, a, s, diff)
+            entry["tie"] = entry["logit_gap"] < tie_margin
+        report.append(entry)
+    return all(x["first_divergence"] is None or x["tie"] for x in report), report
+
+
+def hf_baseline(target, prompt_ids, batch, new_tokens):
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    cfg = Qwen3_5Config(**target.config.to_hf())
+    with torch.device("meta"):
+        hf = Qwen3_5ForConditionalGeneration(cfg)
+    hf.load_state_dict(target.state_dict(), strict=False, assign=True)
+    hf.tie_weights()
+    hf = hf.to(device="cuda", dtype=torch.bfloat16).eval()
+    for name, buf in hf.named_buffers():
+        if buf.device.type == "meta":
+            raise RuntimeError(f"HF buffer {name} not materialised")
+    ids = prompt_ids[None].repeat(batch, 1).cuda()
+    kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+    hf.generate(ids, max_new_tokens=4, do_sample=False)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    hf.generate(ids, **kw)
+    torch.cuda.synchronize()
+    dt_s = time.perf_counter() - t0
+    return {"batch": batch, "new_tokens": new_tokens, "seconds": dt_s, "tokens_per_s": batch * new_tokens / dt_s}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="ocria-1-sim")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
+    ap.add_argument("--modes", nargs="+", default=["ar", "oracle", "tau=8", "spec"])
+    ap.add_argument("--tokens", type=int, default=48, help="tokens generated per row and mode")
+    ap.add_argument("--tie-margin", type=float, default=0.125)
+    ap.add_argument("--hf", type=int, nargs="*", default=[1, 8], help="HF generate baseline batch sizes")
+    ap.add_argument("--out", default="bench/results/e2e_h200.json")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    preset = load_preset(args.preset)
+    bw = copy_bandwidth()
+    target, drafter = random_models(preset, "cuda", torch.bfloat16)
+    target.text.set_plugins(None)
+    proc = Processor(preset.assets)
+    buf = io.BytesIO()
+    generate(7, kind="page", config=LONG_PAGE).image.save(buf, format="PNG")
+    prompt = proc.prepare(buf.getvalue())
+    results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+               "gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
+               "torch": torch.__version__, "preset": args.preset, "prompt_tokens": prompt.input_ids.numel(),
+               "copy_bandwidth_GBps": bw / 1e9, "target_params": sum(p.numel() for p in target.text.parameters()),
+               "drafter_params": sum(p.numel() for p in drafter.parameters()), "runs": [], "lossless": []}
+    try:
+        results["git"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        pass
+    all_ok = True
+    for rows in args.batch:
+        table = torch.zeros(rows + 1, prompt.input_ids.numel() + args.tokens * 2 + 64, dtype=torch.long,
+                            device="cuda")
+        ar_tokens = None
+        for mode in args.modes:
+            row, tokens = run_mode(target, drafter, prompt, rows, mode, table, args)
+            nbytes = step_bytes(target, drafter, rows, row["kv_len_end"], mode != "ar")
+            floor_ms = nbytes / bw * 1e3
+            row.update(step_bytes=nbytes, floor_ms=floor_ms, roofline_fraction=floor_ms / row["step_ms"])
+            if mode == "ar":
+                ar_tokens = tokens
+            elif ar_tokens is not None:
+                ok, report = check_lossless(target, prompt, ar_tokens, tokens, args.tie_margin)
+                all_ok &= ok
+                results["lossless"].append({"batch": rows, "mode": mode, "ok": ok, "rows": report})
+            results["runs"].append(row)
+            torch.cuda.empty_cache()
+            print(f"B={rows:3d} {mode:7s} step {row['step_ms']:7.3f} ms  host {row['host_ms_per_step']:6.3f} ms  "
+                  f"tau {row['mean_acceptance_length']:5.2f}  {row['tokens_per_s']:9.1f} tok/s  "
+                  f"roofline {row['roofline_fraction']:.2f}  launches {row['launches']}", flush=True)
+    results["hf_baseline"] = []
+    text_ids = prompt.input_ids[prompt.input_ids != proc.image_token_id][:512]
+    for b in args.hf:
+        try:
+            results["hf_baseline"].append(hf_baseline(target, text_ids, b, 64))
+            print("HF", results["hf_baseline"][-1], flush=True)
+        except Exception as e:  # the baseline must not hide our own results
+            results["hf_baseline"].append({"batch": b, "error": f"{type(e).__name__}: {e}"})
+    results["lossless_ok"] = all_ok
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, out.with_suffix(".png"))
+    print_table(results)
+    return 0 if all_ok else 1
+
+
+def plot(results, path):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    modes = sorted({r["mode"] for r in results["runs"]}, key=lambda m: (m != "ar", m))
+    for m in modes:
+        rs = [r for r in results["runs"] if r["mode"] == m]
+        a.plot([r["batch"] for r in rs], [r["tokens_per_s"] for r in rs], marker="o", label=m)
+        b.plot([r["batch"] for r in rs], [r["step_ms"] for r in rs], marker="o", label=m)
+    for h in results.get("hf_baseline", []):
+        if "tokens_per_s" in h:
+            a.scatter([h["batch"]], [h["tokens_per_s"]], marker="x", color="k")
+    a.set(xscale="log", yscale="log", xlabel="batch", ylabel="tokens/s",
+          title=f"{results['preset']} on {results['gpu']}")
+    b.set(xscale="log", xlabel="batch", ylabel="step time (ms)", title="decode step (x: HF generate)")
+    a.legend()
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def print_table(results):
+    print(f"\n{'batch':>5} {'mode':>7} {'step ms':>8} {'host ms':>8} {'tau':>5} {'tok/s':>9} {'roofline':>8} launches")
+    for r in results["runs"]:
+        print(f"{r['batch']:5d} {r['mode']:>7} {r['step_ms']:8.3f} {r['host_ms_per_step']:8.3f} "
+              f"{r['mean_acceptance_length']:5.2f} {r['tokens_per_s']:9.1f} {r['roofline_fraction']:8.2f} "
+              f"{r['launches']['launches_per_step'] if r['launches'] else '-'}")
+    for h in results["hf_baseline"]:
+        print("HF generate", h)
+    print("lossless:", "ok" if results["lossless_ok"] else "VIOLATED")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The decode step as one CUDA graph per (mode, batch bucket, attention-length bucket, greedy).
+
+Everything of a step happens on the GPU inside the graph: drafting, verification, sampling,
+acceptance, the cache commit (KV lengths, ring cursors, drafter context) and the next step's
+``last`` tokens. The host writes inputs only when the batch composition changes, launches one graph
+and reads tokens + accepted counts back with one asynchronous copy into pinned memory.
+
+Rows of a bucket beyond the live batch point at a spare ``pad_slot`` whose state is reset inside the
+graph, so padding never touches a live sequence.
+"""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from ocria.models import DrafterCache, OCRiaForConditionalGeneration, TargetCache
+from ocria.runtime.decode import SamplingTensors, decode_step
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def bucket(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} is beyond the largest bucket {buckets[-1]}")
+
+
+class GraphDecoder:
+    def __init__(self, target: OCRiaForConditionalGeneration, drafter, tcache: TargetCache,
+                 dcache: DrafterCache | None, pad_slot: int, max_batch: int):
+        self.target, self.drafter, self.tcache, self.dcache = target, drafter, tcache, dcache
+        self.pad_slot = pad_slot
+        self.max_rows = bucket(max_batch, BATCH_BUCKETS)
+        dev = tcache.kv_len.device
+        n, t = self.max_rows, (drafter.config.block_size if drafter is not None else 1)
+        self.slots = torch.full((n,), pad_slot, dtype=torch.long, device=dev)
+        self.last = torch.zeros(n, dtype=torch.long, device=dev)
+        self.params = SamplingTensors(torch.zeros(n, device=dev), torch.ones(n, device=dev),
+                                      torch.zeros(n, dtype=torch.long, device=dev),
+                                      torch.zeros(n, dtype=torch.long, device=dev))
+        self.out = torch.zeros(n, t + 2, dtype=torch.long, device=dev)
+        self.host_out = torch.zeros(n, t + 2, dtype=torch.long, pin_memory=True)
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.done = torch.cuda.Event()
+        self.composition: tuple | None = None
+        len_buckets, L = [], 256
+        while L < tcache.max_len:
+            len_buckets.append(L)
+            L *= 2
+        self.len_buckets = (*len_buckets, tcache.max_len)
+
+    def _body(self, rows: int, spec: bool, attn_len: int, greedy: bool) -> None:
+        p = self.params
+        params = SamplingTensors(p.temperature[:rows], p.top_p[:rows], p.top_k[:rows], p.seed[:rows])
+        res = decode_step(self.target, self.drafter if spec else None, self.tcache, self.dcache if spec else None,
+                          self.slots[:rows], self.last[:rows], params, attn_len, all_greedy=greedy)
+        T = res.tokens.shape[1]
+        self.last[:rows].copy_(res.tokens.gather(1, res.accepted[:, None])[:, 0])
+        self.out[:rows, :T].copy_(res.tokens)
+        self.out[:rows, -2].copy_(res.accepted)
+        self.out[:rows, -1].copy_(res.proposed)
+        pad = self.pad_slot
+        self.tcache.kv_len[pad] = 0
+        self.tcache.pending_len[pad] = 0
+        if self.dcache is not None:
+            self.dcache.ctx_len[pad] = 0
+
+    def _graph(self, key: tuple) -> torch.cuda.CUDAGraph:
+        graph = self.graphs.get(key)
+        if graph is None:
+            rows, spec, attn_len, greedy = key
+            saved = (self.slots[:rows].clone(), self.last[:rows].clone())
+            self.slots[:rows] = self.pad_slot  # warm-up runs touch only the pad slot
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._body(rows, spec, attn_len, greedy)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self._body(rows, spec, attn_len, greedy)
+            self.slots[:rows], self.last[:rows] = saved
+            self.graphs[key] = graph
+        return graph
+
+    def step(self, slots: list[int], last: list[int], params: SamplingTensors | None, spec: bool,
+             max_len: int, greedy: bool, composition: tuple) -> tuple[Tensor, Tensor, Tensor]:
+        """Run one step for live rows ``slots``; returns host tensors tokens [n, T], accepted [n], proposed [n].
+
+        ``composition`` identifies the batch (request ids and modes): inputs are written only when it
+        changes, otherwise the graph's own ``last`` update feeds the next step.
+        """
+        n = len(slots)
+        rows = bucket(n, BATCH_BUCKETS)
+        T = self.drafter.config.block_size if spec else 1
+        attn_len = bucket(min(max_len + T, self.tcache.max_len), self.len_buckets)
+        key = (rows, spec, attn_len, greedy)
+        graph = self._graph(key)
+        if composition != self.composition:
+            dev = self.slots.device
+            self.slots[:rows] = self.pad_slot
+            self.slots[:n] = torch.tensor(slots, device=dev)
+            self.last[:n] = torch.tensor(last, device=dev)
+            if params is not None:
+                for dst, src in zip((self.params.temperature, self.params.top_p, self.params.top_k,
+                                     self.params.seed), (params.temperature, params.top_p, params.top_k, params.seed)):
+                    dst[:n] = src
+            self.composition = composition
+        graph.replay()
+        self.host_out[:n].copy_(self.out[:n], non_blocking=True)
+        self.done.record()
+        self.done.synchronize()
+        host = self.host_out[:n]
+        return host[:, :T], host[:, -2], host[:, -1]
