@@ -220,20 +220,22 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=48, help="tokens generated per row and mode")
     ap.add_argument("--tie-margin", type=float, default=0.125)
     ap.add_argument("--hf", type=int, nargs="*", default=[1, 8], help="HF generate baseline batch sizes")
+    ap.add_argument("--plugins", choices=("on", "off"), default="on", help="ReplaySSM Triton kernels or reference")
     ap.add_argument("--out", default="bench/results/e2e_h200.json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     preset = load_preset(args.preset)
     bw = copy_bandwidth()
     target, drafter = random_models(preset, "cuda", torch.bfloat16)
-    target.text.set_plugins(None)
+    target.text.set_plugins(args.plugins == "on")
     proc = Processor(preset.assets)
     buf = io.BytesIO()
     generate(7, kind="page", config=LONG_PAGE).image.save(buf, format="PNG")
     prompt = proc.prepare(buf.getvalue())
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
-               "torch": torch.__version__, "preset": args.preset, "prompt_tokens": prompt.input_ids.numel(),
+               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
+               "prompt_tokens": prompt.input_ids.numel(),
                "copy_bandwidth_GBps": bw / 1e9, "target_params": sum(p.numel() for p in target.text.parameters()),
                "drafter_params": sum(p.numel() for p in drafter.parameters()), "runs": [], "lossless": []}
     try:
