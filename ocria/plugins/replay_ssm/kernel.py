@@ -33,17 +33,27 @@ def _softplus(x):
 
 
 @triton.jit
-def _solve_u(S, K, V, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
-    """U with (I + A) U = diag(beta) (V - diag(exp G) K S), by forward substitution over TP rows."""
+def _tril_inverse(K, gc, beta, n_rows, TP: tl.constexpr, PREC: tl.constexpr):
+    """(I + A)^-1 with A_ij = beta_i exp(G_i - G_j) k_i.k_j (j < i), by forward substitution.
+
+    It does not depend on the state, so its serial row loop runs while the state tile is in flight.
+    """
     ri = tl.arange(0, TP)
     lower = ri[:, None] > ri[None, :]
     kk = tl.dot(K, tl.trans(K), input_precision=PREC)
     A = tl.where(lower, beta[:, None] * tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0)) * kk, 0.0)
-    U = beta[:, None] * (V - tl.exp(gc)[:, None] * tl.dot(K, S, input_precision=PREC))
-    for i in tl.static_range(1, TP):
+    inv = tl.where(ri[:, None] == ri[None, :], 1.0, 0.0)
+    for i in range(1, n_rows):
         a_i = tl.sum(tl.where(ri[:, None] == i, A, 0.0), axis=0)
-        U = tl.where(ri[:, None] == i, U - tl.sum(a_i[:, None] * U, axis=0)[None, :], U)
-    return U
+        inv = tl.where(ri[:, None] == i, inv - tl.sum(a_i[:, None] * inv, axis=0)[None, :], inv)
+    return inv
+
+
+@triton.jit
+def _solve_u(inv, S, K, V, gc, beta, PREC: tl.constexpr):
+    """U = (I + A)^-1 diag(beta) (V - diag(exp G) K S)."""
+    rhs = beta[:, None] * (V - tl.exp(gc)[:, None] * tl.dot(K, S, input_precision=PREC))
+    return tl.dot(inv, rhs, input_precision=PREC)
 
 
 @triton.jit
@@ -66,11 +76,11 @@ def _replay_verify_kernel(
     mk, mv = rk < DK, rv < DV
     ms = mk[:, None] & mv[None, :]
 
-    # Checkpoint state slice [BK, BV], read once.
+    # Checkpoint state slice [BK, BV], read once; everything below that does not need it goes first.
     s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[:, None]) * DV + rv[None, :]
     S = tl.load(s_ptrs, mask=ms, other=0.0)
 
-    # Fold the n pending tokens (ring half `phase`), write the state once.
+    # Pending tokens (ring half `phase`).
     tok = (slot * 2 + phase) * Tmax + rt
     mp = rt < n
     Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
@@ -78,12 +88,8 @@ def _replay_verify_kernel(
     gp = tl.load(ring_g_ptr + tok * HV + i_h, mask=mp, other=0.0)
     bp = tl.load(ring_beta_ptr + tok * HV + i_h, mask=mp, other=0.0)
     gcp = tl.cumsum(gp, 0)
-    Up = _solve_u(S, Kp, Vp, gcp, bp, TP, PREC)
-    g_tot = tl.sum(gp, 0)
-    S = S * tl.exp(g_tot) + tl.dot(tl.trans(Kp * tl.exp(g_tot - gcp)[:, None]), Up, input_precision=PREC)
-    tl.store(s_ptrs, S, mask=ms)
 
-    # The T new tokens: L2-norm, gates, outputs from the folded state.
+    # The T new tokens: L2-norm and gates.
     mt = rt < T
     row = (i_b * T + rt).to(tl.int64)
     mtk = mt[:, None] & mk[None, :]
@@ -100,7 +106,17 @@ def _replay_verify_kernel(
     g = tl.where(mt, -tl.exp(A_log) * _softplus(a + dt_bias), 0.0)
     beta = tl.where(mt, tl.sigmoid(b), 0.0)
     gc = tl.cumsum(g, 0)
-    U = _solve_u(S, K, V, gc, beta, TP, PREC)
+    inv_p = _tril_inverse(Kp, gcp, bp, n, TP, PREC)
+    inv = _tril_inverse(K, gc, beta, T, TP, PREC)
+
+    # Fold the pending tokens and write the state once.
+    Up = _solve_u(inv_p, S, Kp, Vp, gcp, bp, PREC)
+    g_tot = tl.sum(gp, 0)
+    S = S * tl.exp(g_tot) + tl.dot(tl.trans(Kp * tl.exp(g_tot - gcp)[:, None]), Up, input_precision=PREC)
+    tl.store(s_ptrs, S, mask=ms)
+
+    # Outputs of the new tokens from the folded state; their own states are never formed.
+    U = _solve_u(inv, S, K, V, gc, beta, PREC)
     causal = rt[:, None] >= rt[None, :]
     qk = tl.dot(Q, tl.trans(K), input_precision=PREC)
     P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
