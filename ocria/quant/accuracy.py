@@ -1,0 +1,97 @@
+"""Accuracy of a quantized target against its BF16 teacher on held-out documents.
+
+Per document the teacher decodes greedily (prefill + N decode passes); the quantized target then
+(a) decodes the teacher's tokens (teacher forcing: same inputs, compare its greedy choice and its
+logits at every step) and (b) decodes freely from the same prompt (compare token sequences). With
+ground truth, both transcriptions get a character error rate.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from ocria.models import OCRiaForConditionalGeneration
+from ocria.quant.calibrate import Sample, run_document
+
+
+@dataclass
+class Reference:
+    tokens: list[int]
+    logits: torch.Tensor  # [N + 1, V] fp32
+
+
+def edit_distance(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def cer(hypothesis: str, truth: str) -> float:
+    """Character error rate: edit distance / length of the truth."""
+    return edit_distance(hypothesis, truth) / max(1, len(truth))
+
+
+def teacher_pass(model: OCRiaForConditionalGeneration, samples: list[Sample], decode_steps: int) -> list[Reference]:
+    return [Reference(*run_document(model, s.prompt, decode_steps)) for s in samples]
+
+
+def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    return tokens[: tokens.index(eos)] if eos is not None and eos in tokens else tokens
+
+
+def accuracy_report(student: OCRiaForConditionalGeneration, samples: list[Sample], teacher: list[Reference],
+                    tokenizer, decode_steps: int) -> dict:
+    """The ``accuracy.json`` content: agreement, logit error and CER (per document and overall)."""
+    eos = tokenizer.eos_token_id
+    docs, forced_hits, free_hits, prefix, total = [], 0, 0, 0.0, 0
+    errors = []
+    for sample, ref in zip(samples, teacher, strict=True):
+        forced_tokens, forced_logits = run_document(student, sample.prompt, decode_steps, forced=ref.tokens)
+        free_tokens, _ = run_document(student, sample.prompt, decode_steps)
+        n = len(ref.tokens)
+        f_hits = sum(a == b for a, b in zip(forced_tokens, ref.tokens, strict=True))
+        r_hits = sum(a == b for a, b in zip(free_tokens, ref.tokens, strict=True))
+        common = next((i for i, (a, b) in enumerate(zip(free_tokens, ref.tokens, strict=True)) if a != b), n)
+        err = (forced_logits - ref.logits).abs()
+        errors.append(err)
+        forced_hits, free_hits, prefix, total = forced_hits + f_hits, free_hits + r_hits, prefix + common / n, total + n
+        doc = {"name": sample.name, "tokens": n, "teacher_forced_agreement": f_hits / n,
+               "free_running_agreement": r_hits / n, "free_running_common_prefix": common,
+               "mean_abs_logit_error": float(err.mean()), "max_abs_logit_error": float(err.max())}
+        if sample.truth is not None:
+            doc["cer_bf16"] = cer(tokenizer.decode(_until_eos(ref.tokens, eos), skip_special_tokens=True), sample.truth)
+            doc["cer_quantized"] = cer(tokenizer.decode(_until_eos(free_tokens, eos), skip_special_tokens=True),
+                                       sample.truth)
+        docs.append(doc)
+    all_err = torch.cat([e.flatten() for e in errors])
+    with_truth = [d for d in docs if "cer_bf16" in d]
+    summary = {
+        "documents": len(docs),
+        "tokens": total,
+        "teacher_forced_agreement": forced_hits / total,
+        "free_running_agreement": free_hits / total,
+        "free_running_common_prefix_fraction": prefix / len(docs),
+        "mean_abs_logit_error": float(all_err.mean()),
+        "max_abs_logit_error": float(all_err.max()),
+    }
+    if with_truth:
+        summary["cer_bf16"] = sum(d["cer_bf16"] for d in with_truth) / len(with_truth)
+        summary["cer_quantized"] = sum(d["cer_quantized"] for d in with_truth) / len(with_truth)
+    return {"summary": summary, "documents": docs}
+
+
+def format_report(report: dict) -> str:
+    """A few lines for the terminal."""
+    s = report["summary"]
+    lines = [f"accuracy vs BF16 on {s['documents']} held-out documents ({s['tokens']} tokens):",
+             f"  greedy agreement: teacher-forced {s['teacher_forced_agreement']:.3f}, "
+             f"free-running {s['free_running_agreement']:.3f} "
+             f"(common prefix {s['free_running_common_prefix_fraction']:.3f})",
+             f"  logit error: mean {s['mean_abs_logit_error']:.4g}, max {s['max_abs_logit_error']:.4g}"]
+    if "cer_bf16" in s:
+        lines.append(f"  CER vs ground truth: bf16 {s['cer_bf16']:.3f}, quantized {s['cer_quantized']:.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""Calibrate -> quantize -> export -> accuracy report, for ``ocria-build engine --recipe``.
+
+The BF16 teacher's held-out outputs are recorded first (quantization rewrites the model in place),
+then ModelOpt quantizes the model with max calibration over real prefill + decode passes
+(``mtq.quantize``, or ``mtq.auto_quantize`` for recipes with ``auto``), ModelOpt's exporter writes
+the unified HF checkpoint, and the checkpoint is loaded back the way the runtime loads it to measure
+what will actually run.
+"""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from ocria.models import OCRiaForConditionalGeneration
+from ocria.quant.accuracy import accuracy_report, format_report, teacher_pass
+from ocria.quant.calibrate import Sample, calibration_set, check_calib_spec, forward_loop, heldout_set
+from ocria.quant.export import export_target, storage_tensors
+from ocria.quant.load import load_quantized_target, quantized_layers
+from ocria.quant.recipe import FORMAT_BITS, VISION, Recipe, quantizable
+from ocria.runtime.processor import Processor
+
+CALIB_DECODE_STEPS = 8
+HELDOUT_DOCS = 4
+HELDOUT_DECODE_STEPS = 24
+NOTES = {
+    "nvfp4_cpu": "NVFP4 layers calibrated with max statistics (ModelOpt's NVFP4 fake quantization needs CUDA)",
+    "nvfp4_exec": "NVFP4 is exported as W4A4 (with input_scale) for Blackwell; this runtime executes it "
+                  "weight-only (BF16 activations) on Hopper and CPU, which is what this report measures",
+}
+
+
+def _cuda(model: torch.nn.Module) -> bool:
+    return next(model.parameters()).is_cuda
+
+
+def _full_logits(model: torch.nn.Module, sample: Sample, continuation: list[int]) -> torch.Tensor:
+    """No-cache forward over prompt + a greedy continuation: the prefill and decode positions at once."""
+    p = sample.prompt
+    device = next(model.parameters()).device
+    ids = torch.cat([p.input_ids, torch.tensor(continuation[:-1], dtype=torch.long)])[None].to(device)
+    return model(ids, p.pixel_values.to(device), p.image_grid_thw.to(device))
+
+
+def _auto_quantize(model: OCRiaForConditionalGeneration, recipe: Recipe, samples: list[Sample],
+                   continuations: list[list[int]], notes: list[str]) -> dict:
+    import modelopt.torch.quantization as mtq
+
+    from ocria.quant.modelopt_cfg import preset
+
+    modules = dict(model.named_modules())
+    searchable = [n for n, f in recipe.formats(modules).items() if f != "bf16"]
+    disabled = [n for n in quantizable(modules, allow_vision=True) if n not in searchable]
+    disabled += [VISION.replace(".*", "*"), "*lm_head*", "*embed_tokens*"]
+    formats = list(recipe.auto.formats)
+    if not _cuda(model) and "nvfp4" in formats:
+        formats.remove("nvfp4")
+        notes.append("auto: NVFP4 left out of the search on CPU (ModelOpt's NVFP4 fake quantization, which "
+                     "scores it, needs CUDA)")
+    bits = recipe.auto.effective_bits
+    floor = min(FORMAT_BITS[f] for f in formats) if formats else 16.0
+    if not formats:
+        return {"effective_bits_target": bits, "formats": [], "searched_layers": searchable}
+    if bits < floor:
+        notes.append(f"auto: effective_bits {bits} is below what {formats} can reach; searched at {floor}")
+        bits = floor
+    batches = list(zip(samples, continuations, strict=True))
+    model, state = mtq.auto_quantize(
+        model, constraints={"effective_bits": bits, "cost": {"excluded_module_name_patterns": disabled}},
+        quantization_formats=[preset(f) for f in formats],
+        data_loader=batches, forward_step=lambda m, b: _full_logits(m, *b), method=recipe.auto.score,
+        disabled_layers=disabled, num_calib_steps=len(batches), num_score_steps=len(batches), verbose=False)
+    return {"effective_bits_target": recipe.auto.effective_bits, "effective_bits_searched": bits,
+            "formats": formats, "score": recipe.auto.score, "searched_layers": len(searchable)}
+
+
+def _save_plain(model: OCRiaForConditionalGeneration, directory: Path) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = storage_tensors(model.state_dict(), model.text_config.tie_word_embeddings)
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
+
+
+def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_spec: str, out_dir: str | Path,
+                    tokenizer_dir: str | Path, progress: bool = True, heldout_docs: int | None = None,
+                    calib_decode_steps: int | None = None, heldout_decode_steps: int | None = None) -> dict:
+    """Quantize ``model`` (modified in place) by ``recipe``, write the checkpoint to ``out_dir`` and
+    return the accuracy report (also printed when ``progress``). Sizes default to the module's
+    ``HELDOUT_DOCS`` / ``CALIB_DECODE_STEPS`` / ``HELDOUT_DECODE_STEPS``."""
+    import modelopt.torch.quantization as mtq
+
+    from ocria.quant.modelopt_cfg import quant_cfg
+
+    heldout_docs = heldout_docs or HELDOUT_DOCS
+    calib_decode_steps = calib_decode_steps or CALIB_DECODE_STEPS
+    heldout_decode_steps = heldout_decode_steps or HELDOUT_DECODE_STEPS
+    out_dir = Path(out_dir)
+    check_calib_spec(calib_spec)
+    recipe.check(dict(model.named_modules()))
+    processor = Processor(tokenizer_dir)
+    samples = calibration_set(calib_spec, processor)
+    heldout = heldout_set(calib_spec, processor, heldout_docs)
+    bar = tqdm(total=len(samples) + 3, desc=f"quantize ({recipe.name})", disable=not progress, unit="step")
+    bar.set_postfix_str("BF16 teacher")
+    teacher = teacher_pass(model, heldout, heldout_decode_steps)
+    bar.update()
+    notes: list[str] = []
+    planned = recipe.formats(dict(model.named_modules()))
+    search = None
+    bar.set_postfix_str("calibration")
+    if recipe.auto is not None:
+        continuations = [teacher_pass(model, [s], calib_decode_steps)[0].tokens for s in samples]
+        search = _auto_quantize(model, recipe, samples, continuations, notes)
+        bar.update(len(samples))
+    elif recipe.quantizes:
+        mtq.quantize(model, quant_cfg(recipe), forward_loop(samples, calib_decode_steps, lambda i: bar.update()))
+    else:
+        bar.update(len(samples))
+    bar.set_postfix_str("export")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent if out_dir.parent.exists() else None))
+    try:
+        if recipe.quantizes:
+            export_target(model, tmp)
+        else:
+            _save_plain(model, tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    bar.update()
+    bar.set_postfix_str("accuracy")
+    dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+    device = next(model.parameters()).device
+    student = load_quantized_target(out_dir, dtype=dtype, device=device)
+    layers = quantized_layers(out_dir)
+    formats = {n: layers.get(n, "bf16") for n in planned}
+    if any(f == "nvfp4" for f in layers.values()):
+        notes.append(NOTES["nvfp4_exec"])
+        if not _cuda(model):
+            notes.insert(0, NOTES["nvfp4_cpu"])
+    report = accuracy_report(student, heldout, teacher, processor.tokenizer, heldout_decode_steps)
+    bar.update()
+    bar.close()
+    counts = {f: sum(1 for v in formats.values() if v == f) for f in ("bf16", "fp8", "nvfp4")}
+    report = {
+        "recipe": recipe.name,
+        "recipe_source": recipe.source,
+        "calibration": {"set": calib_spec, "documents": len(samples), "algorithm": recipe.algorithm,
+                        "passes": f"prefill + {calib_decode_steps} greedy decode steps per document",
+                        "device": str(device)},
+        "heldout": {"documents": len(heldout), "decode_steps": heldout_decode_steps},
+        "layers": counts,
+        "layer_formats": formats,
+        **({"auto": search} if search is not None else {}),
+        "notes": notes,
+        **report,
+    }
+    if progress:
+        print(format_report(report))
+        for note in notes:
+            print(f"  note: {note}")
+    return report
+

@@ -1,0 +1,99 @@
+"""Load a ModelOpt unified HF checkpoint of the target with its quantized linears executing the
+exported tensors (``ocria.quant.linear.QuantLinear``: FP8 ``_scaled_mm`` / NVFP4 Triton GEMM on
+CUDA, dequantized weights on CPU).
+
+A linear layer is quantized exactly when its ``weight`` tensor is float8_e4m3fn (FP8) or uint8
+(NVFP4); ``hf_quant_config.json`` must agree. A SwiGLU MLP whose gate and up projections share a
+format becomes one gate/up GEMM plus the fused SiLU-multiply(-quantize) kernel.
+"""
+
+import re
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ocria.errors import CheckpointError
+from ocria.models import OCRiaForConditionalGeneration
+from ocria.models.checkpoint import checkpoint_files, load_module, read_tensors
+from ocria.models.config import OCRiaConfig, read_config_json
+from ocria.models.layers import SwiGLU
+from ocria.models.target import IGNORED_TENSORS
+from ocria.quant.export import layer_formats, read_quant_config
+from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
+
+TENSOR_SUFFIXES = ("weight", "bias", "weight_scale", "weight_scale_2", "input_scale")
+
+
+class QuantSwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up stacked into one quantized GEMM."""
+
+    def __init__(self, gate_up: QuantLinear, down: QuantLinear):
+        super().__init__()
+        self.gate_up, self.down_proj = gate_up, down
+
+    def forward(self, x: Tensor) -> Tensor:
+        return mlp_forward(x, self.gate_up, self.down_proj)
+
+
+def _set(root: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, leaf, module)
+
+
+def quantized_layers(directory: Path) -> dict[str, str]:
+    """Linear layer name -> ``fp8`` / ``nvfp4`` for every quantized layer of a checkpoint (by dtype)."""
+    files = checkpoint_files(directory)
+    weights = [n for n in files if n.endswith(".weight") and n[: -len("weight")] + "weight_scale" in files]
+    tensors = read_tensors(directory, weights)
+    return {n[: -len(".weight")]: detect_format(tensors, n[: -len("weight")]) for n in weights}
+
+
+def load_quantized_target(directory: str | Path, dtype: torch.dtype = torch.bfloat16,
+                          device: torch.device | str = "cpu") -> OCRiaForConditionalGeneration:
+    """The target of a quantized checkpoint, ready for the runtime (``forward_cached`` / ``forward``)."""
+    directory = Path(directory)
+    cfg = OCRiaConfig.from_dict(read_config_json(directory / "config.json"))
+    with torch.device("meta"):
+        model = OCRiaForConditionalGeneration(cfg)
+    modules = dict(model.named_modules())
+    formats = quantized_layers(directory)
+    declared = layer_formats(read_quant_config(directory))
+    algo = read_quant_config(directory).get("quant_algo")
+    for name, fmt in formats.items():
+        if not isinstance(modules.get(name), nn.Linear):
+            raise CheckpointError(f"{directory}: quantized tensor {name}.weight is not a linear layer of the model")
+        if (declared and declared.get(name) != fmt) or (not declared and algo and algo.lower() != fmt):
+            raise CheckpointError(f"{directory}: {name} is stored as {fmt} but hf_quant_config.json says "
+                                  f"{declared.get(name, algo)}")
+    missing = sorted(set(declared) - set(formats))
+    if missing:
+        raise CheckpointError(f"{directory}: hf_quant_config.json lists {missing[0]} as quantized, "
+                              "but its weight is not a quantized tensor")
+    files = checkpoint_files(directory)
+    names = [f"{layer}.{s}" for layer in formats for s in TENSOR_SUFFIXES if f"{layer}.{s}" in files]
+    tensors = {k: v.to(device) for k, v in read_tensors(directory, names).items()}
+    linears = {name: QuantLinear.from_tensors(tensors, name + ".") for name in formats}
+    quant_patterns = tuple(rf"^{re.escape(layer)}\." for layer in formats)
+    tied = (r"^lm_head\.",) if cfg.text.tie_word_embeddings else ()
+    for name in formats:  # placeholders so load_module neither wants nor refuses their tensors
+        _set(model, name, nn.Identity())
+    load_module(model, directory, {"": ""}, dtype, device, ignore=IGNORED_TENSORS + tied + quant_patterns,
+                optional=tied)
+    model.tie_weights()
+    for name, linear in linears.items():
+        _set(model, name, linear)
+    _fuse_mlps(model, linears)
+    return model.eval()
+
+
+def _fuse_mlps(model: nn.Module, linears: dict[str, QuantLinear]) -> None:
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, SwiGLU):
+            continue
+        gate, up, down = (linears.get(f"{name}.{p}") for p in ("gate_proj", "up_proj", "down_proj"))
+        if gate is None or up is None or down is None or gate.fmt != up.fmt:
+            continue
+        if gate.fmt == "nvfp4" and not torch.equal(gate.weight_scale_2, up.weight_scale_2):
+            continue
+        _set(model, name, QuantSwiGLU(QuantLinear.concat([gate, up], name=f"{name}.gate_up"), down))
