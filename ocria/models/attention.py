@@ -22,6 +22,7 @@ def cached_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     """q [B, H, T, D] attends to the first ``attn_len`` cache entries of its slot. Query t sees keys
     ``j <= start + t`` (causal) or ``j < start + T`` (``causal_block=False``: bidirectional block)."""
     B, H, T, _ = q.shape
+    attn_len = min(attn_len, k_cache.shape[2])
     keys = k_cache[slots, :, :attn_len]
     values = v_cache[slots, :, :attn_len]
     rep = H // keys.shape[1]
