@@ -221,6 +221,7 @@ def main() -> int:
     ap.add_argument("--tie-margin", type=float, default=0.125)
     ap.add_argument("--hf", type=int, nargs="*", default=[1, 8], help="HF generate baseline batch sizes")
     ap.add_argument("--plugins", choices=("on", "off"), default="on", help="ReplaySSM Triton kernels or reference")
+    ap.add_argument("--no-fuse", action="store_true", help="keep projections as separate GEMMs")
     ap.add_argument("--out", default="bench/results/e2e_h200.json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -228,13 +229,16 @@ def main() -> int:
     bw = copy_bandwidth()
     target, drafter = random_models(preset, "cuda", torch.bfloat16)
     target.text.set_plugins(args.plugins == "on")
+    if not args.no_fuse:
+        target.text.fuse_projections()
+        drafter.fuse_projections()
     proc = Processor(preset.assets)
     buf = io.BytesIO()
     generate(7, kind="page", config=LONG_PAGE).image.save(buf, format="PNG")
     prompt = proc.prepare(buf.getvalue())
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
-               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
+               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins, "fused_projections": not args.no_fuse,
                "prompt_tokens": prompt.input_ids.numel(),
                "copy_bandwidth_GBps": bw / 1e9, "target_params": sum(p.numel() for p in target.text.parameters()),
                "drafter_params": sum(p.numel() for p in drafter.parameters()), "runs": [], "lossless": []}

@@ -174,3 +174,18 @@ def test_prefill_captures_requested_layers(checkpoints):
         pos = torch.arange(5).expand(3, 1, 5)
         _, feats = model.text(model.text.embed_tokens(ids), pos, capture=(2, 0))
     assert rel_err(feats[0], ref[3]) <= 1e-5 and rel_err(feats[1], ref[1]) <= 1e-5
+
+
+def test_fused_projections_compute_the_same(checkpoints):
+    cfg, _, path = checkpoints["attn_first"]
+    model = OCRiaForConditionalGeneration.from_pretrained(path)
+    ids, grid = image_prompt(GRIDS["attn_first"])
+    pv = pixels(grid, cfg["vision_config"])
+    with torch.no_grad():
+        plain = model(ids[None], pv, grid)
+        names = set(model.state_dict())
+        model.text.fuse_projections()
+        fused = model(ids[None], pv, grid)
+    assert set(model.state_dict()) == names  # checkpoints keep their HF names
+    assert "_fused" in model.text.layers[0].self_attn.__dict__
+    assert rel_err(fused, plain) <= 1e-5

@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
-from ocria.models.layers import ZeroCenteredRMSNorm, apply_rotary
+from ocria.models.layers import ZeroCenteredRMSNorm, apply_rotary, project
 
 
 def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, start: Tensor) -> None:
@@ -52,11 +52,12 @@ class GatedAttention(nn.Module):
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: TargetCache | None = None,
                 slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
         B, T, _ = x.shape
-        q, gate = self.q_proj(x).view(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q, k, v = project(self, x, ("q_proj", "k_proj", "v_proj"))
+        q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = apply_rotary(self.q_norm(q), cos[:, :, None], sin[:, :, None])
-        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
+        k = self.k_norm(k.reshape(B, T, self.num_kv_heads, self.head_dim))
         k = apply_rotary(k, cos[:, :, None], sin[:, :, None])
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
         scale = self.head_dim**-0.5
         if cache is None:
             rep = self.num_heads // self.num_kv_heads

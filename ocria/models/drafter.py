@@ -31,7 +31,7 @@ from ocria.models.attention import cached_attention, write_kv
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
-from ocria.models.layers import RMSNorm, SwiGLU, apply_rotary, inverse_frequencies, rope_cos_sin
+from ocria.models.layers import RMSNorm, SwiGLU, apply_rotary, fuse_linears, inverse_frequencies, rope_cos_sin
 
 
 class DrafterAttention(nn.Module):
@@ -105,6 +105,11 @@ class DFlash2Drafter(nn.Module):
         object.__setattr__(self, "embed_tokens", embed_tokens)
         object.__setattr__(self, "lm_head", lm_head)
         return self
+
+    def fuse_projections(self) -> None:
+        """Inference: each layer's gate/up projections as one GEMM."""
+        for layer in self.layers:
+            fuse_linears(layer.mlp, ("gate_proj", "up_proj"))
 
     def _rope(self, positions: Tensor, dtype: torch.dtype):
         inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, str(positions.device))

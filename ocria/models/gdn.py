@@ -13,9 +13,11 @@ from torch import Tensor, nn
 
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
-from ocria.models.layers import GatedRMSNorm
+from ocria.models.layers import GatedRMSNorm, project
 from ocria.plugins.replay_ssm import ops
 from ocria.plugins.replay_ssm.reference import delta_step, fold_pending, gdn_gates, l2norm
+
+PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor):
@@ -86,9 +88,8 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: Tensor, mode: str, cache: TargetCache | None = None, slots: Tensor | None = None) -> Tensor:
         B, T, _ = x.shape
-        qkv = self.in_proj_qkv(x)
-        z = self.in_proj_z(x).reshape(B, T, self.num_v_heads, self.head_v_dim)
-        b, a = self.in_proj_b(x), self.in_proj_a(x)
+        qkv, z, b, a = project(self, x, PROJECTIONS)
+        z = z.reshape(B, T, self.num_v_heads, self.head_v_dim)
         i = self.cache_index
         if mode == "verify":
             y = ops.causal_conv_verify(qkv, self.conv1d.weight[:, 0, :], cache.conv_buf[i], cache.pending_len, slots,

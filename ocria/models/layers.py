@@ -51,6 +51,33 @@ class GatedRMSNorm(nn.Module):
         return (out * F.silu(z.float())).to(dtype)
 
 
+def fuse_linears(module: nn.Module, names: tuple[str, ...]) -> None:
+    """Let ``project`` run the named bias-free linears of ``module`` (same input) as one GEMM.
+
+    The weights are concatenated once and the original parameters become views into the fused
+    tensor, so memory is not duplicated and checkpoints keep their HF names. Linears replaced by
+    quantized executors are left alone (one launch fewer is not worth a format mix-up).
+    """
+    linears = [getattr(module, n) for n in names]
+    if not all(type(lin) is nn.Linear and lin.bias is None for lin in linears):
+        return
+    fused = torch.cat([lin.weight.detach() for lin in linears])
+    offset = 0
+    for lin in linears:
+        lin.weight = nn.Parameter(fused[offset:offset + lin.out_features], requires_grad=False)
+        offset += lin.out_features
+    module.__dict__.setdefault("_fused", {})[names] = (fused, [lin.out_features for lin in linears])
+
+
+def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tensor, ...]:
+    """Apply the named linears of ``module`` to x (one GEMM when ``fuse_linears`` prepared them)."""
+    fused = module.__dict__.get("_fused", {}).get(names)
+    if fused is None:
+        return tuple(getattr(module, n)(x) for n in names)
+    weight, sizes = fused
+    return F.linear(x, weight).split(sizes, dim=-1)
+
+
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with HF parameter names."""
 
@@ -61,7 +88,8 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = project(self, x, ("gate_proj", "up_proj"))
+        return self.down_proj(F.silu(gate) * up)
 
 
 def rotate_half(x: Tensor) -> Tensor:

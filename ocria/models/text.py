@@ -6,8 +6,8 @@ from torch import Tensor, nn
 from ocria.models.attention import GatedAttention
 from ocria.models.cache import TargetCache
 from ocria.models.config import LINEAR, TextConfig
-from ocria.models.gdn import GatedDeltaNet
-from ocria.models.layers import SwiGLU, ZeroCenteredRMSNorm, inverse_frequencies, mrope_cos_sin
+from ocria.models.gdn import PROJECTIONS, GatedDeltaNet
+from ocria.models.layers import SwiGLU, ZeroCenteredRMSNorm, fuse_linears, inverse_frequencies, mrope_cos_sin
 
 
 class DecoderLayer(nn.Module):
@@ -53,6 +53,13 @@ class TextModel(nn.Module):
             counters[layer_type] += 1
         self.layers = nn.ModuleList(layers)
         self.norm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def fuse_projections(self) -> None:
+        """Inference: run the projections that share an input as one GEMM (fewer launches per step)."""
+        for layer in self.layers:
+            mixer = layer.linear_attn if layer.layer_type == LINEAR else layer.self_attn
+            fuse_linears(mixer, PROJECTIONS if layer.layer_type == LINEAR else ("q_proj", "k_proj", "v_proj"))
+            fuse_linears(layer.mlp, ("gate_proj", "up_proj"))
 
     def set_plugins(self, use_kernel: bool | None) -> None:
         """Choose the ReplaySSM implementation for every GDN layer (None: kernel on CUDA only)."""

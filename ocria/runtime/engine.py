@@ -45,12 +45,15 @@ class Engine:
         self.processor = Processor.from_engine_dir(self.root, int(profile.get("max_image_pixels", 1 << 20)))
         self.target = load_target(self.root / "target", self.dtype, str(self.device))
         self.target.text.set_plugins(use_plugins)
+        self.target.text.fuse_projections()
         self.plugins = "triton" if (use_plugins if use_plugins is not None else self.device.type == "cuda") \
             else "reference"
         drafter_dir = self.root / "drafter"
         self.drafter = (DFlash2Drafter.from_pretrained(drafter_dir, self.target, self.dtype, str(self.device))
                         if drafter_dir.is_dir() else None)
         self.block_size = self.drafter.config.block_size if self.drafter else 1
+        if self.drafter is not None:
+            self.drafter.fuse_projections()
 
     def check(self, prompt: PreparedPrompt, params: SamplingParams) -> None:
         """Validate a request against this engine; RequestError with a one-line reason."""
