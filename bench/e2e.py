@@ -238,7 +238,8 @@ def main() -> int:
     prompt = proc.prepare(buf.getvalue())
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
-               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins, "fused_projections": not args.no_fuse,
+               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
+               "fused_projections": not args.no_fuse,
                "prompt_tokens": prompt.input_ids.numel(),
                "copy_bandwidth_GBps": bw / 1e9, "target_params": sum(p.numel() for p in target.text.parameters()),
                "drafter_params": sum(p.numel() for p in drafter.parameters()), "runs": [], "lossless": []}
