@@ -1,0 +1,136 @@
+"""``ocria-build triton-repo``, ``ocria serve`` and ``ocria client`` (wired into ocria.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+import threading
+import urllib.request
+from pathlib import Path
+
+from ocria.errors import OcriaError
+from ocria.serving.protocol import ENSEMBLE
+
+
+def add_triton_repo_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", required=True, help="engine directory (from ocria-build engine)")
+    p.add_argument("--out", required=True, help="model repository directory to write")
+    p.add_argument("--instances", type=int, default=1, help="preprocessing instances (the engine is one loop)")
+    p.add_argument("--max-batch", type=int, help="max batch size (default: the engine profile's)")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where the engine model runs")
+    p.add_argument("--backend", choices=("ocria", "tensorrt-llm"), default="ocria",
+                   help="ocria: our Python-backend models; tensorrt-llm: TensorRT-LLM's llmapi model")
+    p.add_argument("--force", action="store_true", help="replace an existing repository")
+
+
+def cmd_triton_repo(args: argparse.Namespace) -> int:
+    from ocria.serving.repo import RepoOptions, validate_repo, write_repo
+
+    opts = RepoOptions(Path(args.engine), args.instances, args.max_batch, args.device, args.backend)
+    out = write_repo(args.out, opts, args.force)
+    for name, cfg in validate_repo(out, args.backend).items():
+        kind = "ensemble" if cfg.platform == "ensemble" else cfg.backend
+        decoupled = " decoupled" if cfg.model_transaction_policy.decoupled else ""
+        print(f"  {name:<15} {kind}{decoupled} max_batch_size={cfg.max_batch_size}")
+    print(f"model repository written to {out} (configs parsed by Triton's ModelConfig, no placeholders left)")
+    return 0
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", required=True, help="engine directory (from ocria-build engine)")
+    p.add_argument("--repo", help="model repository (written here if missing; default: a temporary one)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where the engine model runs")
+    p.add_argument("--instances", type=int, default=1, help="preprocessing instances")
+    p.add_argument("--max-batch", type=int, help="max batch size (default: the engine profile's)")
+    p.add_argument("--log-file", help="tritonserver log (default: a temporary file, tail shown on failure)")
+    p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ocria.serving.repo import RepoOptions, validate_repo, write_repo
+    from ocria.serving.tritonserver import Ports, TritonServer
+
+    with tempfile.TemporaryDirectory(prefix="ocria-serve-") as tmp:
+        repo = Path(args.repo) if args.repo else Path(tmp) / "repo"
+        if repo.exists():
+            validate_repo(repo)
+        else:
+            write_repo(repo, RepoOptions(Path(args.engine), args.instances, args.max_batch, args.device))
+            print(f"model repository written to {repo}", flush=True)
+        server = TritonServer(repo, Ports(args.grpc_port, args.http_port, args.metrics_port), args.host,
+                              Path(args.log_file) if args.log_file else None)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        server.start()
+        try:
+            print(f"starting tritonserver (pid {server.proc.pid}) ...", flush=True)
+            server.wait_ready(args.ready_timeout)
+            print(f"ready: gRPC {server.grpc_url}  HTTP {server.http_url}  metrics {server.metrics_url}\n"
+                  f"  model '{ENSEMBLE}'; try: ocria client --url {server.grpc_url} --image IMAGE --stream\n"
+                  "  Ctrl-C (SIGINT) or SIGTERM stops the server", flush=True)
+            while not stop.wait(1.0):
+                if server.proc.poll() is not None:
+                    raise OcriaError(f"tritonserver exited (code {server.proc.returncode}):\n{server.log_tail()}")
+                if not _model_ready(server.http_url, ENSEMBLE):
+                    print(f"model '{ENSEMBLE}' is no longer ready (engine loop died?); stopping:\n"
+                          f"{server.log_tail(20)}", file=sys.stderr, flush=True)
+                    return 1
+            print("stopping tritonserver ...", flush=True)
+        finally:
+            rc = server.stop()
+        print(f"tritonserver stopped (exit code {rc})")
+    return 0
+
+
+def _model_ready(http_url: str, model: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{http_url}/v2/models/{model}/ready", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def add_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="127.0.0.1:8001", help="server gRPC address HOST:PORT")
+    p.add_argument("--image", required=True, help="document image file")
+    p.add_argument("--prompt", help="instruction (default: the engine's OCR prompt)")
+    p.add_argument("--stream", action="store_true", help="print text as it is generated")
+    p.add_argument("--json", action="store_true", help="print one JSON object with text and perf metrics")
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for each response")
+
+
+def cmd_client(args: argparse.Namespace) -> int:
+    from ocria.serving.client import Client
+
+    image = Path(args.image)
+    if not image.is_file():
+        raise OcriaError(f"{image}: image file not found")
+    kwargs = dict(prompt=args.prompt, stream=args.stream, max_tokens=args.max_tokens,
+                  temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                  stop_words=tuple(args.stop), return_perf_metrics=args.json)
+    client = Client(args.url, args.timeout)
+    parts, last = [], None
+    for chunk in client.generate(image.read_bytes(), **kwargs):
+        parts.append(chunk.text)
+        last = chunk
+        if not args.json:
+            print(chunk.text, end="", flush=True)
+    if args.json:
+        print(json.dumps({"text": "".join(parts), "finish_reason": last.finish_reason, **last.perf}))
+    else:
+        print()
+    return 0
