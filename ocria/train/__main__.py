@@ -1,0 +1,69 @@
+"""``python -m ocria.train``: run (resumable, time-boxed), status, ship.
+
+    python -m ocria.train run --state .train --budget-s 510 --out "$OUT"   # repeat until stage 'done'
+    python -m ocria.train status --state .train
+    python -m ocria.train ship --state .train                              # into ocria/assets/ocria-mini
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ocria.builder.presets import load_preset
+from ocria.errors import OcriaError
+from ocria.train import checkpoint as ckpt
+from ocria.train.export import ship
+from ocria.train.run import Run, TrainConfig, mirror
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ocria.train", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="continue the run in --state until it is done or --budget-s is spent")
+    r.add_argument("--state", type=Path, required=True, help="state directory (created on the first call)")
+    r.add_argument("--budget-s", type=float, default=510.0, help="seconds of work in this call")
+    r.add_argument("--out", type=Path, help="copy the state directory here at the end (e.g. $OUT/train)")
+    r.add_argument("--device", help="cuda or cpu (default: cuda when available)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="training config override (see TrainConfig); on a resumed run it is recorded in run.json")
+    r.add_argument("--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps")
+    s = sub.add_parser("status", help="print stage, progress and results of a state directory")
+    s.add_argument("--state", type=Path, required=True)
+    p = sub.add_parser("ship", help="copy the trained target/ and drafter/ into the preset's assets")
+    p.add_argument("--state", type=Path, required=True)
+    p.add_argument("--preset", default="ocria-mini")
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "run":
+            run = Run(args.state, TrainConfig.with_overrides(args.set), args.budget_s, args.device, args.set,
+                      args.max_steps, command="python -m ocria.train " + " ".join(argv))
+            try:
+                result = run.main()
+            finally:
+                if args.out is not None:
+                    for path in mirror(args.state, args.out):
+                        print(f"saved {path}")
+            print(json.dumps({"stage": result["stage"], "results": result["results"]}, indent=1))
+        elif args.cmd == "status":
+            run = ckpt.read_run(args.state)
+            if run is None:
+                raise OcriaError(f"{args.state}: no {ckpt.RUN_FILE} (not a training state directory)")
+            last = {k: v[-1] for k, v in run["history"].items() if v}
+            print(json.dumps({"stage": run["stage"], "last": last, "stages": run["stages"],
+                              "results": run["results"], "calls": len(run["calls"])}, indent=1))
+        else:
+            state = args.state
+            if (ckpt.read_run(state) or {}).get("stage") != "done":
+                raise OcriaError(f"{state}: the run is not done yet (python -m ocria.train status --state {state})")
+            for path in ship(state / "target", state / "drafter", load_preset(args.preset).assets):
+                print(path)
+    except OcriaError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""Resumable training state in a flat directory of small files: ``run.json`` plus safetensors shards.
+
+Every file stays under ``MAX_SHARD_BYTES`` so a state directory comes back from the GPU machine's
+$OUT (files of at most 16 MiB) and travels back in the next call. Writes are crash-safe: new shards
+get a new generation name, ``run.json`` (the only pointer to them) is replaced atomically, and only
+then are the previous shards deleted.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from ocria.errors import CheckpointError
+
+MAX_SHARD_BYTES = 15 * 1024 * 1024
+RUN_FILE = "run.json"
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Replace ``path`` atomically (temp file in the same directory, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_run(directory: Path) -> dict[str, Any] | None:
+    path = Path(directory) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
+
+
+def module_tensors(prefix: str, module: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters (shared ones once) under ``prefix``."""
+    return {f"{prefix}.{n}": p.detach() for n, p in module.named_parameters()}
+
+
+def optimizer_tensors(prefix: str, opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
+    """Optimizer state tensors keyed ``prefix.<param index>.<field>`` and its JSON-able param groups."""
+    sd = opt.state_dict()
+    tensors = {f"{prefix}.{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
+    return tensors, sd["param_groups"]
+
+
+def load_optimizer(opt: torch.optim.Optimizer, prefix: str, tensors: dict[str, torch.Tensor],
+                   groups: list[dict]) -> None:
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        if name.startswith(prefix + "."):
+            i, field = name[len(prefix) + 1:].split(".", 1)
+            state.setdefault(int(i), {})[field] = t
+    opt.load_state_dict({"state": state, "param_groups": groups})
+
+
+def load_module_tensors(module: nn.Module, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
+    params = dict(module.named_parameters())
+    for name, p in params.items():
+        key = f"{prefix}.{name}"
+        if key not in tensors:
+            raise CheckpointError(f"training state has no tensor {key!r}")
+        if tensors[key].shape != p.shape:
+            raise CheckpointError(f"training state tensor {key!r} has shape {tuple(tensors[key].shape)}, "
+                                  f"expected {tuple(p.shape)}")
+        with torch.no_grad():
+            p.copy_(tensors[key])
+
+
+def save_state(directory: Path, run: dict, tensors: dict[str, torch.Tensor], tag: str) -> list[str]:
+    """Write ``tensors`` as shards named ``state-<tag>-<k>.safetensors``, point ``run['checkpoint']`` at
+    them, replace run.json, then delete shards of earlier generations. Returns the shard names."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        nbytes = t.numel() * t.element_size()
+        if nbytes > MAX_SHARD_BYTES:
+            raise CheckpointError(f"tensor {name!r} ({nbytes} bytes) is larger than one shard ({MAX_SHARD_BYTES})")
+        if size + nbytes > MAX_SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = t
+        size += nbytes
+    names = []
+    for k, shard in enumerate(shards):
+        fname = f"state-{tag}-{k:02d}.safetensors"
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{fname}.")
+        os.close(fd)
+        save_file(shard, tmp)
+        os.replace(tmp, directory / fname)
+        names.append(fname)
+    old = set(run.get("checkpoint", {}).get("files", [])) if run.get("checkpoint") else set()
+    run["checkpoint"] = dict(run.get("checkpoint") or {}, files=names)
+    write_json(directory / RUN_FILE, run)
+    for fname in old - set(names):
+        (directory / fname).unlink(missing_ok=True)
+    return names
+
+
+def load_state(directory: Path, run: dict) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for fname in run["checkpoint"]["files"]:
+        path = directory / fname
+        if not path.is_file():
+            raise CheckpointError(f"{path}: shard named in {RUN_FILE} is missing (copy the whole state directory)")
+        tensors.update(load_file(str(path)))
+    return tensors
+
+
+def drop_state(directory: Path, run: dict) -> None:
+    """Forget the in-progress checkpoint (its stage is finished)."""
+    old = run.get("checkpoint") or {}
+    run["checkpoint"] = None
+    write_json(directory / RUN_FILE, run)
+    for fname in old.get("files", []):
+        (directory / fname).unlink(missing_ok=True)
+
+
+def rng_tensors(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    out = {"rng.cpu": torch.get_rng_state(), "rng.sampler": generator.get_state()}
+    if torch.cuda.is_available():
+        out["rng.cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def restore_rng(tensors: dict[str, torch.Tensor], generator: torch.Generator) -> None:
+    torch.set_rng_state(tensors["rng.cpu"])
+    generator.set_state(tensors["rng.sampler"])
+    if torch.cuda.is_available() and "rng.cuda" in tensors:
+        torch.cuda.set_rng_state(tensors["rng.cuda"])

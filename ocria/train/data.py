@@ -1,0 +1,115 @@
+"""Training batches: synthetic documents encoded exactly as at inference, rendered by worker processes.
+
+Sample ``i`` of the train split is document ``split_seeds("train", 1, start=i)``; batch ``b`` holds
+samples ``b*B .. b*B+B-1``. The data cursor of a checkpoint is therefore just the next batch index,
+and a resumed run sees the same documents in the same order. Rendering + preprocessing costs a few
+ms per document, so ``loader`` spreads it over DataLoader worker processes.
+"""
+
+import io
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from ocria.data import Document, SynthConfig, generate, split_seeds
+from ocria.data.synth import DEFAULT_CONFIG
+from ocria.models import mrope_positions
+from ocria.runtime.processor import Processor
+
+IGNORE = -100
+
+
+@dataclass
+class Sample:
+    """One document as the model sees it: prompt + answer ids, mRoPE positions, patches."""
+
+    input_ids: Tensor  # [N] prompt ids followed by the answer (Markdown ids + eos)
+    positions: Tensor  # [3, N]
+    pixel_values: Tensor  # [P, C*Tp*p*p]
+    image_grid_thw: Tensor  # [1, 3]
+    prompt_len: int
+
+
+@dataclass
+class Batch:
+    input_ids: Tensor  # [B, N] right-padded with the pad id
+    positions: Tensor  # [3, B, N]
+    labels: Tensor  # [B, N]: next token at answer positions, IGNORE elsewhere
+    pixel_values: Tensor  # [sum P, C*Tp*p*p] in batch order
+    image_grid_thw: Tensor  # [B, 3]
+    prompt_len: Tensor  # [B]
+    seq_len: Tensor  # [B] unpadded lengths
+
+    def to(self, device: torch.device | str) -> "Batch":
+        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
+
+
+def encode(processor: Processor, doc: Document) -> Sample:
+    """The exact inference prompt (``Processor.prepare`` on the page's lossless PNG) plus the answer."""
+    png = io.BytesIO()
+    doc.image.save(png, format="PNG", compress_level=1)
+    prompt = processor.prepare(png.getvalue())
+    answer = processor.tokenizer.encode(doc.markdown, add_special_tokens=False) + [processor.eos_token_id]
+    ids = torch.cat([prompt.input_ids, torch.tensor(answer, dtype=torch.long)])
+    positions, _ = mrope_positions(ids, prompt.image_grid_thw, processor.image_token_id, processor.merge)
+    return Sample(ids, positions, prompt.pixel_values, prompt.image_grid_thw, prompt.input_ids.numel())
+
+
+def collate(samples: list[Sample], pad_id: int) -> Batch:
+    B, N = len(samples), max(s.input_ids.numel() for s in samples)
+    ids = torch.full((B, N), pad_id, dtype=torch.long)
+    labels = torch.full((B, N), IGNORE, dtype=torch.long)
+    positions = torch.zeros(3, B, N, dtype=torch.long)
+    for b, s in enumerate(samples):
+        n = s.input_ids.numel()
+        ids[b, :n] = s.input_ids
+        labels[b, s.prompt_len - 1:n - 1] = s.input_ids[s.prompt_len:]
+        positions[:, b, :n] = s.positions
+        positions[:, b, n:] = s.positions[:, -1:] + torch.arange(1, N - n + 1)  # pads continue the sequence
+    return Batch(
+        input_ids=ids, positions=positions, labels=labels,
+        pixel_values=torch.cat([s.pixel_values for s in samples]),
+        image_grid_thw=torch.cat([s.image_grid_thw for s in samples]),
+        prompt_len=torch.tensor([s.prompt_len for s in samples]),
+        seq_len=torch.tensor([s.input_ids.numel() for s in samples]),
+    )
+
+
+class SplitDocuments(Dataset):
+    """Sample i = document i of a split, encoded; the processor is built lazily in each worker."""
+
+    def __init__(self, assets: Path, split: str = "train", config: SynthConfig = DEFAULT_CONFIG):
+        self.assets, self.split, self.config = Path(assets), split, config
+        self._processor: Processor | None = None
+
+    @property
+    def processor(self) -> Processor:
+        if self._processor is None:
+            self._processor = Processor(self.assets)
+        return self._processor
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> Sample:
+        return encode(self.processor, generate(split_seeds(self.split, 1, start=i)[0], config=self.config))
+
+
+class _Collate:
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, samples: list[Sample]) -> Batch:
+        return collate(samples, self.pad_id)
+
+
+def loader(assets: Path, batch_size: int, start_batch: int, num_batches: int, workers: int,
+           split: str = "train", pad_id: int = 0) -> DataLoader:
+    """Batches ``start_batch .. start_batch + num_batches - 1`` of ``split``, in order."""
+    batches = [list(range(b * batch_size, (b + 1) * batch_size)) for b in range(start_batch, start_batch + num_batches)]
+    return DataLoader(SplitDocuments(assets, split), batch_sampler=batches, collate_fn=_Collate(pad_id),
+                      num_workers=workers, pin_memory=torch.cuda.is_available(),
+                      prefetch_factor=4 if workers else None, persistent_workers=False)

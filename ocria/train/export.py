@@ -1,0 +1,57 @@
+"""Export trained models as HF directories (config.json + bf16 model.safetensors), replaced atomically."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ocria.builder.presets import save_drafter, save_target
+from ocria.errors import OcriaError
+from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+
+MAX_SHIPPED_BYTES = 24 * 1000 * 1000
+
+
+def _replace_dir(tmp: Path, directory: Path) -> Path:
+    tmp.chmod(0o755)
+    for f in tmp.iterdir():
+        f.chmod(0o644)
+    old = directory.with_name(f".{directory.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        directory.rename(old)
+    tmp.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def export_model(model: OCRiaForConditionalGeneration | DFlash2Drafter, directory: Path) -> Path:
+    """Write ``model`` in bf16 to ``directory`` through a temp directory renamed into place."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=directory.parent, prefix=f".{directory.name}."))
+    save = save_target if isinstance(model, OCRiaForConditionalGeneration) else save_drafter
+    save(model, tmp, torch.bfloat16)
+    return _replace_dir(tmp, directory)
+
+
+def shipped_bytes(*directories: Path) -> int:
+    return sum(f.stat().st_size for d in directories for f in Path(d).glob("*.safetensors"))
+
+
+def ship(target_dir: Path, drafter_dir: Path, assets: Path) -> tuple[Path, Path]:
+    """Copy trained target + drafter into the preset's assets (``assets/target``, ``assets/drafter``)
+    after checking they load and fit the size budget."""
+    total = shipped_bytes(target_dir, drafter_dir)
+    if total > MAX_SHIPPED_BYTES:
+        raise OcriaError(f"trained weights are {total} bytes, over the {MAX_SHIPPED_BYTES}-byte budget")
+    target = OCRiaForConditionalGeneration.from_pretrained(target_dir)
+    DFlash2Drafter.from_pretrained(drafter_dir, target)
+    out = []
+    for src, name in ((target_dir, "target"), (drafter_dir, "drafter")):
+        tmp = Path(tempfile.mkdtemp(dir=assets, prefix=f".{name}."))
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy2(Path(src) / f, tmp / f)
+        out.append(_replace_dir(tmp, Path(assets) / name))
+    return out[0], out[1]

@@ -1,0 +1,340 @@
+"""The OCRia-mini training run as resumable stages, each call working until its time budget is spent.
+
+State directory (flat, every file <= 15 MiB, so it round-trips through the GPU machine's $OUT):
+``run.json`` (config, seeds, stage progress, loss history, calls, results), the in-progress stage's
+``state-*.safetensors`` shards, and the exported ``target/`` and ``drafter/`` HF directories.
+
+Stages: ``check`` (tokenizer files up to date, data deterministic) -> ``target`` -> ``drafter``
+(local conv + selector on, exported) -> ``drafter_noconv`` (ablation: local conv off, only its tau
+is kept) -> ``eval`` (held-out CER, spec == ar, tau per extension setting) -> ``done``.
+"""
+
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from ocria.builder.presets import load_preset
+from ocria.data import generate, split_seeds
+from ocria.data import tokenizer as tokenizer_files
+from ocria.errors import OcriaError
+from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+from ocria.runtime.engine import Engine
+from ocria.train import checkpoint as ckpt
+from ocria.train.data import loader
+from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
+from ocria.train.evaluate import engine_dir, evaluate, heldout_pngs
+from ocria.train.export import export_model, shipped_bytes
+from ocria.train.gdn_chunked import chunked_gdn
+from ocria.train.optim import adamw, lr_at, set_lr
+from ocria.train.target import build_target, target_loss
+
+STAGES = ("check", "target", "drafter", "drafter_noconv", "eval", "done")
+
+
+@dataclass
+class TrainConfig:
+    preset: str = "ocria-mini"
+    seed: int = 0
+    block_size: int = 16  # drafter block (tau is quoted at block 16)
+    target_steps: int = 4000
+    target_batch: int = 64
+    target_lr: float = 2e-3
+    target_warmup: int = 200
+    drafter_steps: int = 1500
+    ablation_steps: int = 600
+    drafter_batch: int = 32
+    drafter_lr: float = 1e-3
+    drafter_warmup: int = 100
+    anchors: int = 16
+    fixed_point_iters: int = 3
+    slack: int = 8
+    selector_weight: float = 0.2
+    selector_threshold: float = 0.5  # exported drafter's threshold (the "selector on" evaluation)
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    gdn_chunk: int = 64
+    workers: int = 12
+    eval_docs: int = 100
+    eval_batch: int = 32
+    eval_max_tokens: int = 384
+    log_every: int = 25
+    save_every_s: float = 240.0
+
+    @classmethod
+    def with_overrides(cls, pairs: list[str]) -> "TrainConfig":
+        cfg = cls()
+        names = [f.name for f in fields(cls)]
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep or key not in names:
+                raise OcriaError(f"bad --set {pair!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
+            try:
+                setattr(cfg, key, type(getattr(cfg, key))(value))
+            except ValueError:
+                raise OcriaError(f"bad --set {pair!r}: {value!r} is not a {type(getattr(cfg, key)).__name__}") from None
+        return cfg
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Run:
+    """One call's work on a state directory: resume where the last call stopped, stop at the deadline."""
+
+    def __init__(self, state: Path, cfg: TrainConfig, budget_s: float, device: str | None = None,
+                 overrides: list[str] = (), max_steps: int | None = None, command: str | None = None):
+        self.state = Path(state)
+        self.t0 = time.time()
+        self.deadline = self.t0 + budget_s
+        self.max_steps = max_steps  # optimizer steps in this call, then checkpoint and stop
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        run = ckpt.read_run(self.state)
+        if run is None:
+            run = {"version": 1, "config": asdict(cfg), "stage": "check", "checkpoint": None, "stages": {},
+                   "history": {}, "calls": [], "results": {}}
+        self.run = run
+        # The first call's config is kept; a later call's --set changes are applied and recorded.
+        changed = {}
+        if run["calls"]:
+            base = TrainConfig(**run["config"])
+            for pair in overrides:
+                key = pair.partition("=")[0]
+                changed[key] = getattr(cfg, key)
+                setattr(base, key, getattr(cfg, key))
+            run["config"] = asdict(base)
+        self.cfg = TrainConfig(**run["config"])
+        self.preset = load_preset(self.cfg.preset)
+        torch.manual_seed(self.cfg.seed)
+        if self.device.type == "cuda":
+            torch.set_float32_matmul_precision("high")
+        run["seeds"] = {"config": self.cfg.seed, "target_init": self.preset.seed, "drafter_init": self.preset.seed + 1,
+                        "anchor_sampler": self.cfg.seed + 17, "data": "train split documents in index order"}
+        self.call = {"command": command or " ".join(sys.argv), "start_utc": _now(),
+                     "device": self._device_name(), "torch": torch.__version__,
+                     "python": platform.python_version(), "stage_at_start": run["stage"], "config_changes": changed}
+
+    def _device_name(self) -> str:
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else platform.processor() or "cpu"
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def autocast(self):
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+
+    def save_run(self) -> None:
+        ckpt.write_json(self.state / ckpt.RUN_FILE, self.run)
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.t0:7.1f}s] {msg}", flush=True)
+
+    # -- stages -----------------------------------------------------------------------------------
+
+    def main(self) -> dict:
+        try:
+            while self.run["stage"] != "done" and self.left() > 0:
+                stage = self.run["stage"]
+                finished = getattr(self, f"stage_{stage}")()
+                if not finished:
+                    break
+                self.run["stage"] = STAGES[STAGES.index(stage) + 1]
+                self.save_run()
+        finally:
+            self.call["wall_s"] = round(time.time() - self.t0, 1)
+            self.call["stage_at_end"] = self.run["stage"]
+            self.run["calls"].append(self.call)
+            self.save_run()
+        return self.run
+
+    def stage_check(self) -> bool:
+        """Tokenizer files match a fresh build; documents are deterministic; splits are disjoint."""
+        t = time.time()
+        stale = [n for n, text in tokenizer_files.files().items()
+                 if (self.preset.assets / n).read_text("utf-8") != text]
+        if stale:
+            raise OcriaError(f"tokenizer files {stale} in {self.preset.assets} are stale: "
+                             "run python -m ocria.data.tokenizer")
+        seed = split_seeds("train", 1)[0]
+        a, b = generate(seed), generate(seed)
+        if a.markdown != b.markdown or a.image.tobytes() != b.image.tobytes():
+            raise OcriaError("synthetic documents are not deterministic")
+        train, held = split_seeds("train", 1 << 30), split_seeds("heldout", 1)
+        if held[0] in train:
+            raise OcriaError("held-out seeds overlap the train split")
+        self.run["stages"]["check"] = {"tokenizer": "up to date", "data": "deterministic", "wall_s": time.time() - t}
+        return True
+
+    def _loop(self, name: str, model: torch.nn.Module, steps: int, batch_size: int, lr: float, warmup: int,
+              loss_fn) -> bool:
+        """Shared resumable loop: AdamW + cosine, grad clipping, time-boxed, checkpoint on exit."""
+        cfg = self.cfg
+        opt = adamw(model, lr, cfg.weight_decay)
+        sampler = torch.Generator().manual_seed(cfg.seed + 17)
+        step = 0
+        meta = self.run.get("checkpoint") or {}
+        if meta.get("stage") == name:
+            tensors = ckpt.load_state(self.state, self.run)
+            ckpt.load_module_tensors(model, "model", tensors)
+            ckpt.load_optimizer(opt, "opt", {k: v.to(self.device) for k, v in tensors.items() if k.startswith("opt.")},
+                                meta["optimizer_groups"])
+            ckpt.restore_rng(tensors, sampler)
+            step = meta["step"]
+            self.log(f"{name}: resumed at step {step}")
+        history = self.run["history"].setdefault(name, [])
+        last_save = time.time()
+        t_start, step_start = time.time(), step
+
+        def save() -> None:
+            tensors = ckpt.module_tensors("model", model)
+            opt_t, groups = ckpt.optimizer_tensors("opt", opt)
+            tensors.update(opt_t)
+            tensors.update(ckpt.rng_tensors(sampler))
+            self.run["checkpoint"] = {"stage": name, "step": step, "cursor": step, "optimizer_groups": groups}
+            ckpt.save_state(self.state, self.run, tensors, f"{name}-{step}")
+            self.log(f"{name}: checkpoint at step {step}")
+
+        if step < steps:
+            batches = loader(self.preset.assets, batch_size, step, steps - step, cfg.workers)
+            for batch in batches:
+                cur_lr = lr_at(step, steps, lr, warmup)
+                set_lr(opt, cur_lr)
+                with self.autocast(), chunked_gdn(cfg.gdn_chunk):
+                    loss, stats = loss_fn(batch.to(self.device), sampler)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+                step += 1
+                if step % cfg.log_every == 0 or step == steps:
+                    rate = (step - step_start) / (time.time() - t_start)
+                    history.append({"step": step, "loss": round(loss.item(), 5), "lr": cur_lr,
+                                    "grad_norm": round(float(gnorm), 4), "steps_per_s": round(rate, 3),
+                                    **{k: round(v, 5) for k, v in stats.items()}})
+                    self.log(f"{name} step {step}/{steps} loss {loss.item():.4f} lr {cur_lr:.2e} "
+                             f"{rate:.2f} it/s {stats}")
+                stop = self.left() < 45 or (self.max_steps is not None and step - step_start >= self.max_steps)
+                if step < steps and (stop or time.time() - last_save > cfg.save_every_s):
+                    save()
+                    last_save = time.time()
+                    if stop:
+                        return False
+        self.run["stages"][name] = {"steps": step, "final_loss": history[-1]["loss"] if history else None,
+                                    "finished_utc": _now()}
+        return True
+
+    def stage_target(self) -> bool:
+        cfg = self.cfg
+        model = build_target(self.preset.target, self.preset.seed).to(self.device)
+
+        def loss_fn(batch, _sampler):
+            return target_loss(model, batch), {}
+
+        if not self._loop("target", model, cfg.target_steps, cfg.target_batch, cfg.target_lr, cfg.target_warmup,
+                          loss_fn):
+            return False
+        export_model(model, self.state / "target")
+        ckpt.drop_state(self.state, self.run)
+        self.log(f"target exported to {self.state / 'target'}")
+        return True
+
+    def _trained_target(self) -> OCRiaForConditionalGeneration:
+        target = OCRiaForConditionalGeneration.from_pretrained(self.state / "target", torch.float32, self.device)
+        for p in target.parameters():
+            p.requires_grad_(False)
+        return target
+
+    def _drafter_cfg(self, local_conv: bool) -> dict:
+        d = dict(self.preset.drafter, block_size=self.cfg.block_size)
+        d["dflash_config"] = dict(d.get("dflash_config", {}), selector_head=True,
+                                  selector_threshold=self.cfg.selector_threshold)
+        if not local_conv:
+            d["dflash_config"]["local_conv_kernel"] = 0
+        return d
+
+    def _train_drafter(self, name: str, local_conv: bool, steps: int) -> DFlash2Drafter | None:
+        cfg = self.cfg
+        target = self._trained_target()
+        drafter = build_drafter(self._drafter_cfg(local_conv), target, self.preset.seed + 1).to(self.device)
+        capture = tuple(drafter.config.target_layer_ids)
+        eos = self.preset.target["text_config"].get("eos_token_id", 2)
+
+        def loss_fn(batch, sampler):
+            seq, feats, labels = greedy_sequences(target, batch, capture, cfg.fixed_point_iters, cfg.slack, eos)
+            anchors, ids, blabels = sample_blocks(seq, labels, cfg.anchors, drafter.config.block_size,
+                                                  drafter.config.mask_token_id, sampler)
+            logits, sel = block_forward(drafter, feats, anchors, ids)
+            return drafter_loss(logits, sel, blabels, cfg.selector_weight)
+
+        if not self._loop(name, drafter, steps, cfg.drafter_batch, cfg.drafter_lr, cfg.drafter_warmup, loss_fn):
+            return None
+        return drafter
+
+    def stage_drafter(self) -> bool:
+        drafter = self._train_drafter("drafter", True, self.cfg.drafter_steps)
+        if drafter is None:
+            return False
+        export_model(drafter, self.state / "drafter")
+        ckpt.drop_state(self.state, self.run)
+        return True
+
+    def _evaluate(self, drafter_dir: Path) -> dict:
+        """Held-out evaluation through the runtime's engine and scheduler (links in a temp engine dir)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            root = engine_dir(Path(tmp), self.preset.assets, self.state / "target", drafter_dir)
+            engine = Engine(root, device=str(self.device), verify=False)
+            return evaluate(engine, heldout_pngs(self.cfg.eval_docs), self.cfg.eval_max_tokens, self.cfg.eval_batch)
+
+    def stage_drafter_noconv(self) -> bool:
+        """Ablation: same recipe without the local convolution; only its tau is kept (not shipped)."""
+        if self.cfg.ablation_steps <= 0:
+            return True
+        out = self.state / "drafter_noconv"
+        if not (out / "config.json").is_file():
+            drafter = self._train_drafter("drafter_noconv", False, self.cfg.ablation_steps)
+            if drafter is None:
+                return False
+            export_model(drafter, out)
+            ckpt.drop_state(self.state, self.run)
+        if self.left() < 120:  # the evaluation does not split across calls: the next call does it
+            return False
+        res = self._evaluate(out)
+        self.run["results"]["local_conv_off"] = {k: v for k, v in res.items() if k.startswith("selector")}
+        shutil.rmtree(out)
+        return True
+
+    def stage_eval(self) -> bool:
+        if self.left() < 120:
+            return False
+        t = time.time()
+        res = self._evaluate(self.state / "drafter")
+        res["local_conv_on"] = {k: res.pop(k) for k in list(res) if k.startswith("selector")}
+        res["block_size"] = self.cfg.block_size
+        res["device"] = self._device_name()
+        res["shipped_bytes"] = shipped_bytes(self.state / "target", self.state / "drafter")
+        res["wall_s"] = round(time.time() - t, 1)
+        self.run["results"].update(res)
+        self.log(f"eval: {res}")
+        return True
+
+
+def mirror(state: Path, out: Path) -> list[Path]:
+    """Copy the state directory (run.json, shards, target/, drafter/) to ``out`` for the next call."""
+    out.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for src in sorted(state.rglob("*")):
+        rel = src.relative_to(state)
+        if src.is_dir() or src.is_symlink() or any(part.startswith(".") for part in rel.parts):
+            continue
+        dst = out / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+        copied.append(dst)
+    return copied

@@ -1,0 +1,298 @@
+"""ocria.train on CPU: chunked GDN vs the sequential rule, training steps, exact resume, drafter
+distillation (against the inference drafting path), export that loads unchanged, the CLI end to end."""
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from ocria.builder.presets import CONFIG_DIR, load_preset
+from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
+from ocria.models.gdn import gated_delta_rule
+from ocria.plugins.replay_ssm.reference import delta_step, l2norm
+from ocria.train import checkpoint as ckpt
+from ocria.train.__main__ import main as train_main
+from ocria.train.data import IGNORE, loader
+from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
+from ocria.train.export import export_model, ship
+from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
+from ocria.train.run import Run, TrainConfig
+from ocria.train.target import build_target, target_loss
+
+
+@pytest.fixture(scope="module")
+def tiny_preset(tmp_path_factory) -> str:
+    """The ocria-mini preset shrunk for fast CPU tests (same tokenizer, processor and layer pattern)."""
+    raw = yaml.safe_load((CONFIG_DIR / "presets" / "ocria-mini.yaml").read_text())
+    raw["target"]["text_config"].update(hidden_size=64, intermediate_size=96, num_attention_heads=2,
+                                        num_key_value_heads=1, head_dim=32, linear_num_key_heads=1,
+                                        linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
+    raw["target"]["vision_config"].update(depth=1, hidden_size=32, intermediate_size=48, num_heads=2,
+                                          out_hidden_size=64)
+    raw["drafter"].update(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, head_dim=32)
+    path = tmp_path_factory.mktemp("preset") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_preset):
+    return next(iter(loader(load_preset(tiny_preset).assets, 2, 0, 1, 0)))
+
+
+def _gdn_inputs(dtype, B=2, T=45, hk=2, hv=4, dk=8, dv=6, seed=0):
+    """Fresh leaves (same values for every dtype): T is not a multiple of the chunk, GQA heads, a nonzero state."""
+    g = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(B, T, hk, dk, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(B, T, hv, dv, generator=g, dtype=torch.float64)
+    gate = -torch.rand(B, T, hv, generator=g, dtype=torch.float64) * 3
+    beta = torch.rand(B, T, hv, generator=g, dtype=torch.float64)
+    state = torch.randn(B, hv, dk, dv, generator=g, dtype=torch.float64)
+    return [x.to(dtype).requires_grad_(True) for x in (q, k, v, gate, beta, state)]
+
+
+def _sequential_f64(q, k, v, g, beta, state):
+    """The sequential rule's own steps (l2norm, delta_step) in float64."""
+    rep, dk = v.shape[2] // k.shape[2], k.shape[-1]
+    qn = (l2norm(q) * dk**-0.5).repeat_interleave(rep, dim=2)
+    kn = l2norm(k).repeat_interleave(rep, dim=2)
+    S, outs = state, []
+    for t in range(q.shape[1]):
+        S = delta_step(S, kn[:, t], v[:, t], g[:, t], beta[:, t])
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, qn[:, t]))
+    return torch.stack(outs, 1), S
+
+
+def _rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("chunk", [8, 16, 64])
+def test_chunked_gdn_matches_sequential_in_value_and_gradient(chunk):
+    ref_in = _gdn_inputs(torch.float64)
+    o_ref, s_ref = _sequential_f64(*ref_in)
+    w_o, w_s = torch.randn_like(o_ref), torch.randn_like(s_ref)
+    ((o_ref * w_o).sum() + (s_ref * w_s).sum()).backward()
+
+    inp = _gdn_inputs(torch.float32)
+    o, s = chunk_gated_delta_rule(*inp, chunk=chunk)
+    assert o.dtype == torch.float32 and o.shape == o_ref.shape
+    assert _rel(o.double(), o_ref) < 1e-5 and _rel(s.double(), s_ref) < 1e-5
+    ((o * w_o.float()).sum() + (s * w_s.float()).sum()).backward()
+    for x, r in zip(inp, ref_in):
+        assert _rel(x.grad.double(), r.grad) < 1e-4
+
+    seq_in = _gdn_inputs(torch.float32)  # and against the model's own sequential function
+    o_seq, s_seq = gated_delta_rule(*seq_in)
+    assert _rel(o, o_seq) < 1e-5 and _rel(s, s_seq) < 1e-5
+
+
+def test_chunked_gdn_in_the_model_matches_and_restores(tiny_preset, batch):
+    model = build_target(load_preset(tiny_preset).target, 0).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+        ref = model(batch.input_ids[:1, :120], batch.pixel_values[: int(batch.image_grid_thw[0].prod())],
+                    batch.image_grid_thw[:1])
+        with chunked_gdn(16):
+            from ocria.models import gdn
+            assert gdn.gated_delta_rule is not gated_delta_rule
+            fast = model(batch.input_ids[:1, :120], batch.pixel_values[: int(batch.image_grid_thw[0].prod())],
+                         batch.image_grid_thw[:1])
+    assert gdn.gated_delta_rule is gated_delta_rule
+    assert _rel(fast, ref) < 1e-5
+
+
+def test_batches_teach_only_the_answer(batch):
+    for b in range(2):
+        keep = batch.labels[b] != IGNORE
+        first = int(keep.nonzero()[0])
+        assert first == int(batch.prompt_len[b]) - 1  # the last prompt token predicts the first answer token
+        assert int(keep.sum()) == int(batch.seq_len[b] - batch.prompt_len[b])
+        assert int(batch.labels[b][keep][-1]) == 2  # the answer ends with <|im_end|>
+        assert torch.equal(batch.labels[b, first:first + 5], batch.input_ids[b, first + 1:first + 6])
+
+
+def test_target_training_steps_reduce_the_loss(tiny_preset, batch):
+    torch.manual_seed(0)
+    model = build_target(load_preset(tiny_preset).target, 0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    with chunked_gdn():
+        for _ in range(12):
+            loss = target_loss(model, batch)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    assert losses[0] > math.log(512) - 1
+    assert losses[-1] < losses[0] - 1.0
+
+
+def _cfg(**over) -> TrainConfig:
+    base = dict(target_steps=4, target_batch=2, drafter_steps=3, ablation_steps=2, drafter_batch=2, workers=0,
+                eval_docs=2, eval_batch=2, eval_max_tokens=12, log_every=1, target_warmup=2, drafter_warmup=2)
+    base.update(over)
+    return TrainConfig(**base)
+
+
+def test_resume_gives_identical_next_step_loss(tiny_preset, tmp_path):
+    cfg = _cfg(preset=tiny_preset)
+    whole = Run(tmp_path / "a", cfg, 600)
+    assert whole.stage_target()
+    split = Run(tmp_path / "b", cfg, 600, max_steps=2)
+    assert not split.stage_target()
+    meta = split.run["checkpoint"]
+    assert meta["stage"] == "target" and meta["step"] == 2 and meta["cursor"] == 2
+    assert all((tmp_path / "b" / f).stat().st_size <= ckpt.MAX_SHARD_BYTES for f in meta["files"])
+    resumed = Run(tmp_path / "b", cfg, 600)
+    assert resumed.stage_target()
+    a = [h["loss"] for h in whole.run["history"]["target"]]
+    b = [h["loss"] for h in resumed.run["history"]["target"]]
+    assert len(a) == len(b) == 4 and a == b
+    exported = [(tmp_path / r / "target" / "model.safetensors").read_bytes() for r in ("a", "b")]
+    assert exported[0] == exported[1]
+
+
+def test_sharded_state_round_trips_and_replaces_old_shards(tmp_path, monkeypatch):
+    monkeypatch.setattr(ckpt, "MAX_SHARD_BYTES", 4096)
+    tensors = {f"t{i}": torch.randn(300) for i in range(10)}
+    run: dict = {"checkpoint": None}
+    first = ckpt.save_state(tmp_path, run, tensors, "x-1")
+    assert len(first) > 2 and all((tmp_path / f).stat().st_size <= 4096 + 1024 for f in first)
+    second = ckpt.save_state(tmp_path, run, tensors, "x-2")
+    assert not any((tmp_path / f).exists() for f in first)
+    back = ckpt.load_state(tmp_path, ckpt.read_run(tmp_path))
+    assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
+    assert json.loads((tmp_path / "run.json").read_text())["checkpoint"]["files"] == second
+
+
+def _trained_pair(tiny_preset):
+    preset = load_preset(tiny_preset)
+    target = build_target(preset.target, 0).eval()
+    with torch.no_grad():
+        for p in target.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    for p in target.parameters():
+        p.requires_grad_(False)
+    dcfg = dict(preset.drafter, block_size=6)
+    dcfg["dflash_config"] = dict(dcfg["dflash_config"], selector_head=True, local_conv_kernel=3)
+    drafter = build_drafter(dcfg, target, 1)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return target, drafter
+
+
+def test_block_forward_equals_the_inference_drafting_path(tiny_preset):
+    torch.manual_seed(0)
+    target, drafter = _trained_pair(tiny_preset)
+    drafter.eval()
+    cfg = drafter.config
+    B, M = 2, 24
+    feats = torch.randn(B, M, len(cfg.target_layer_ids) * cfg.hidden_size)
+    seq = torch.randint(7, 512, (B, M))
+    anchors = torch.tensor([[0, 7, 19], [4, 11, 23]])
+    ids = torch.full((B, 3, cfg.block_size), cfg.mask_token_id)
+    ids[..., 0] = seq.gather(1, anchors)
+    with torch.no_grad():
+        logits, sel = block_forward(drafter, feats, anchors, ids)
+        for b in range(B):
+            for n, a in enumerate(anchors[b].tolist()):
+                cache = DrafterCache.allocate(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, 1, 64,
+                                              torch.float32)
+                slot = torch.tensor([0])
+                if a:
+                    drafter.append_context(feats[b:b + 1, :a], torch.tensor([a]), cache, slot)
+                ref, conf = drafter.draft(seq[b:b + 1, a], cache, slot, attn_len=64)
+                assert torch.allclose(logits[b, n], ref[0], atol=1e-5)
+                assert torch.allclose(torch.sigmoid(sel[b, n]), conf[0], atol=1e-6)
+
+
+def test_greedy_sequences_label_the_targets_own_greedy_tokens(tiny_preset, batch):
+    target, _ = _trained_pair(tiny_preset)
+    with chunked_gdn(16):
+        seq, feats, labels = greedy_sequences(target, batch, (0, 2), iters=2, slack=4, eos_id=2)
+        assert feats.shape == (*seq.shape, 2 * 64)
+        b, L = 0, int(batch.prompt_len[0])
+        known = labels[b, L:]
+        n = int((known != IGNORE).long().cumprod(0).sum())
+        assert n >= 3  # each fixed-point pass fixes at least one more token
+        ids = batch.input_ids[b:b + 1, :L]
+        pixels = batch.pixel_values[: int(batch.image_grid_thw[0].prod())]
+        with torch.no_grad():
+            for t in range(n):  # definitional greedy decoding, one full forward per token
+                nxt = target(ids, pixels, batch.image_grid_thw[:1])[0, -1].argmax()
+                assert int(nxt) == int(known[t])
+                ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+
+
+def test_drafter_loss_decreases_on_a_tiny_batch(tiny_preset, batch):
+    torch.manual_seed(0)
+    target, drafter = _trained_pair(tiny_preset)
+    with chunked_gdn(16):
+        seq, feats, labels = greedy_sequences(target, batch, tuple(drafter.config.target_layer_ids), 1, 4, 2)
+    gen = torch.Generator().manual_seed(0)
+    anchors, ids, blabels = sample_blocks(seq, labels, 6, drafter.config.block_size, drafter.config.mask_token_id,
+                                          gen)
+    assert ((anchors + 1)[:, :, None] >= batch.prompt_len[:, None, None]).all()
+    assert (blabels != IGNORE).any()
+    opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(15):
+        logits, sel = block_forward(drafter, feats, anchors, ids)
+        loss, stats = drafter_loss(logits, sel, blabels, 0.2)
+        assert "selector_bce" in stats and stats["accept"] >= 1
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 0.5
+    assert all(p.grad is None for p in target.parameters())
+
+
+def test_export_loads_unchanged_and_ships(tiny_preset, tmp_path, batch):
+    target, drafter = _trained_pair(tiny_preset)
+    export_model(target, tmp_path / "target")
+    export_model(drafter, tmp_path / "drafter")
+    assert {f.name for f in (tmp_path / "target").iterdir()} == {"config.json", "model.safetensors"}
+    loaded = OCRiaForConditionalGeneration.from_pretrained(tmp_path / "target")
+    loaded_d = DFlash2Drafter.from_pretrained(tmp_path / "drafter", loaded)
+    assert loaded_d.config.selector_head and loaded_d.config.local_conv_kernel == 3
+    with torch.no_grad():
+        for p in target.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        n = int(batch.image_grid_thw[0].prod())
+        args = (batch.input_ids[:1, :100], batch.pixel_values[:n], batch.image_grid_thw[:1])
+        assert torch.allclose(loaded(*args), target(*args), atol=1e-5)
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    ship(tmp_path / "target", tmp_path / "drafter", assets)
+    assert (assets / "target" / "model.safetensors").read_bytes() == (tmp_path / "target" / "model.safetensors"
+                                                                       ).read_bytes()
+    DFlash2Drafter.from_pretrained(assets / "drafter", OCRiaForConditionalGeneration.from_pretrained(assets / "target"))
+
+
+def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsys):
+    state, out = tmp_path / "state", tmp_path / "out"
+    sets = [f"--set={k}={v}" for k, v in dict(preset=tiny_preset, target_steps=2, target_batch=1, drafter_steps=2,
+                                              ablation_steps=1, drafter_batch=1, workers=0, eval_docs=1,
+                                              eval_batch=1, eval_max_tokens=8, block_size=4).items()]
+    assert train_main(["run", "--state", str(state), "--out", str(out), "--budget-s", "600", *sets]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["stage"] == "done" and run["checkpoint"] is None
+    res = run["results"]
+    assert 0 <= res["cer_ar"] and res["block_size"] == 4
+    for ext in ("local_conv_on", "local_conv_off"):
+        for sel in ("selector_on", "selector_off"):
+            assert res[ext][sel]["spec_equals_ar"] and 1.0 <= res[ext][sel]["tau"] <= 4.0
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "drafter/config.json", "drafter/model.safetensors", "run.json", "target/config.json",
+        "target/model.safetensors"]
+    assert run["calls"][0]["command"].startswith("python -m ocria.train run") and run["calls"][0]["wall_s"] > 0
+    assert train_main(["run", "--state", str(state), "--set=bogus=1"]) == 2
+    assert "bogus" in capsys.readouterr().err

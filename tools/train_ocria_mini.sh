@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One device call of the OCRia-mini training run (python -m ocria.train; see ocria/train/run.py).
+#
+# The state lives in .train/ (ignored: echo /.train/ >> .git/info/exclude). Each call resumes it,
+# works for BUDGET_S seconds, and mirrors it to $OUT/train (every file <= 15 MiB, <= 8 files).
+# Between calls, replace .train with the returned $OUT/train and carry it: run(carry=[".train"]).
+# Repeat until `python -m ocria.train status --state .train` says stage "done", then
+# `python -m ocria.train ship --state .train` copies target/ and drafter/ into ocria/assets/ocria-mini.
+# Extra arguments go to `python -m ocria.train run` (e.g. --set target_steps=3000 on the first call).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+BUDGET_S=${BUDGET_S:-510}
+OUT_DIR=${OUT:-/tmp/ocria-train-out}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT_DIR"
+$PY - <<'PY'
+import torch, transformers
+from transformers import Qwen2VLImageProcessorPil  # the runtime's processor must import here
+print("torch", torch.__version__, "transformers", transformers.__version__,
+      "cuda", torch.cuda.is_available() and torch.cuda.get_device_name(0))
+PY
+$PY -m ocria.train run --state .train --budget-s "$BUDGET_S" --out "$OUT_DIR/train" "$@" 2>&1 | tee "$OUT_DIR/log.txt"
