@@ -1,0 +1,195 @@
+"""Model repository generation and validation, request parsing, and the engine loop (no server)."""
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ocria.builder.engine import build_engine
+from ocria.cli import build_main
+from ocria.errors import ConfigError, OcriaError, RequestError
+from ocria.runtime import SamplingParams, load_engine
+from ocria.serving import protocol
+from ocria.serving.engine_loop import EngineLoop
+from ocria.serving.repo import RepoOptions, parse_config, validate_repo, write_repo
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
+
+
+@pytest.fixture(scope="module")
+def engine_dir(tmp_path_factory):
+    return build_engine(tmp_path_factory.mktemp("e") / "mini", progress=False)
+
+
+@pytest.fixture(scope="module")
+def engine(engine_dir):
+    return load_engine(engine_dir)
+
+
+def test_triton_repo_command_writes_a_valid_repository(tmp_path, engine_dir, capsys):
+    out = tmp_path / "repo"
+    assert build_main(["triton-repo", "--engine", str(engine_dir), "--out", str(out), "--max-batch", "4",
+                       "--instances", "2"]) == 0
+    assert "ocria_engine    python decoupled max_batch_size=4" in capsys.readouterr().out
+    configs = validate_repo(out)
+    assert set(configs) == {"ocria", "preprocessing", "ocria_engine", "postprocessing"}
+    assert all((out / name / "1").is_dir() for name in configs)
+    assert configs["preprocessing"].instance_group[0].count == 2
+    assert configs["ocria_engine"].instance_group[0].count == 1  # one shared batching loop
+    engine_params = {k: v.string_value for k, v in configs["ocria_engine"].parameters.items()}
+    assert engine_params["engine_dir"] == str(engine_dir.resolve()) and engine_params["device"] == "cpu"
+    assert engine_params["cancellation_check_period_ms"] == "100"
+    inputs = {t.name for t in configs["ocria"].input}
+    assert {"text_input", "image_bytes_input", "max_tokens", "stream", "temperature", "top_k", "top_p", "seed",
+            "end_id", "stop_words", "return_perf_metrics"} == inputs
+    assert {t.name for t in configs["ocria"].output} >= set(protocol.PERF_OUTPUTS) | {"text_output"}
+    assert [p.name for p in tmp_path.iterdir()] == ["repo"]  # no temporary left behind
+    assert build_main(["triton-repo", "--engine", str(engine_dir), "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_gpu_device_and_missing_engine(tmp_path, engine_dir, capsys):
+    out = write_repo(tmp_path / "g", RepoOptions(engine_dir, device="gpu"))
+    cfg = validate_repo(out)["ocria_engine"]
+    assert cfg.instance_group[0].kind == cfg.instance_group[0].KIND_GPU
+    assert cfg.parameters["device"].string_value == "cuda"
+    assert build_main(["triton-repo", "--engine", str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
+    assert "not an engine directory" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_leftover_placeholder_and_bad_wiring_are_refused(tmp_path, engine_dir):
+    out = write_repo(tmp_path / "repo", RepoOptions(engine_dir))
+    cfg = out / "preprocessing" / "config.pbtxt"
+    good = cfg.read_text()
+    cfg.write_text(good.replace('string_value: "', 'string_value: "${engine_dir}', 1))
+    with pytest.raises(ConfigError, match=r"unfilled placeholder.*\$\{engine_dir\}"):
+        validate_repo(out)
+    cfg.write_text(good.replace("max_batch_size:", "max_batch_size: [", 1))
+    with pytest.raises(ConfigError, match="not a valid Triton model config"):
+        parse_config(cfg)
+    cfg.write_text(good)
+    ens = out / "ocria" / "config.pbtxt"
+    ens.write_text(ens.read_text().replace('value: "_pixel_values" }\n      input_map', 'value: "_nowhere" }\n'
+                                                                                     '      input_map', 1))
+    with pytest.raises(ConfigError, match="'_nowhere' feeds ocria_engine.pixel_values before it exists"):
+        validate_repo(out)
+
+
+def test_tensorrt_llm_variant_structure(tmp_path, engine_dir):
+    import yaml
+
+    out = write_repo(tmp_path / "trt", RepoOptions(engine_dir, backend="tensorrt-llm"))
+    configs = validate_repo(out, "tensorrt-llm")
+    assert set(configs) == {"tensorrt_llm"} and configs["tensorrt_llm"].model_transaction_policy.decoupled
+    opts = yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert opts["model"] == str(engine_dir.resolve() / "target") and opts["backend"] == "pytorch"
+    spec = opts["speculative_config"]
+    assert spec == {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model_dir":
+                    str(engine_dir.resolve() / "drafter"), "mask_token_id": 6, "target_layer_ids": [0, 2]}
+    assert opts["triton_config"] == {"max_batch_size": 8, "decoupled": True}
+
+
+def test_request_parsing():
+    def getter(**arrays):
+        return lambda name: arrays.get(name)
+
+    params, given = protocol.sampling_params(getter(
+        max_tokens=np.array([[7]], np.int32), temperature=np.array([[0.5]], np.float32),
+        seed=np.array([[9]], np.uint64), end_id=np.array([[2]], np.int32),
+        stop_words=np.array([[b"##", b"END"]], np.object_)))
+    assert given and (params.max_tokens, params.temperature, params.seed) == (7, 0.5, 9)
+    assert params.stop == ("##", "END") and params.stop_token_ids == (2,)
+    assert protocol.sampling_params(getter())[1] is False
+    assert protocol.image_bytes(getter(image_bytes_input=np.frombuffer(b"\x89PNG", np.uint8)[None])) == b"\x89PNG"
+    with pytest.raises(RequestError, match="image_bytes_input is missing"):
+        protocol.image_bytes(getter())
+    with pytest.raises(RequestError, match="batch size 2"):
+        protocol.image_bytes(getter(image_bytes_input=np.zeros((2, 4), np.uint8)))
+    with pytest.raises(RequestError, match="max_tokens: wrong dtype float32"):
+        protocol.sampling_params(getter(max_tokens=np.array([[1.0]], np.float32)))
+    with pytest.raises(RequestError, match="text_input: not valid UTF-8"):
+        protocol.prompt_text(getter(text_input=np.array([[b"\xff"]], np.object_)))
+
+
+def _collect(loop, engine, seeds, max_tokens=10, cancel_after=None):
+    done, results = threading.Event(), {}
+    prompt = engine.processor.prepare(EXAMPLE)
+    keys = {}
+
+    def sink_for(seed):
+        def sink(event, error):
+            results.setdefault(seed, []).append(error if error else event)
+            if error or event.finished:
+                if len(results) == len(seeds) and all(
+                        isinstance(r[-1], str) or r[-1].finished for r in results.values()):
+                    done.set()
+            elif cancel_after is not None and len(results[seed]) == cancel_after:
+                loop.cancel(keys[seed])
+        return sink
+
+    for seed in seeds:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.9, seed=seed)
+        keys[seed] = loop.new_key()
+        loop.submit(prompt, params, sink_for(seed), key=keys[seed])
+    assert done.wait(120)
+    return results
+
+
+def test_engine_loop_batches_and_matches_single_requests(engine):
+    loop = EngineLoop(engine, max_batch_size=4).start()
+    try:
+        together = _collect(loop, engine, range(6))
+        assert loop.max_batch_seen == 4
+        for seed in (0, 5):
+            alone = list(engine.generate(EXAMPLE, None, SamplingParams(max_tokens=10, temperature=0.9, seed=seed)))
+            assert "".join(e.text for e in together[seed]) == "".join(e.text for e in alone)
+            assert [t for e in together[seed] for t in e.token_ids] == [t for e in alone for t in e.token_ids]
+        cancelled = _collect(loop, engine, [1], max_tokens=200, cancel_after=2)[1]
+        assert cancelled[-1].finish_reason == "cancelled" and len(cancelled) <= 4
+        assert loop.scheduler.num_running == 0 and len(loop.scheduler.free) == 4
+    finally:
+        loop.stop()
+    assert not loop.alive
+
+
+def test_engine_loop_polls_is_cancelled_within_the_period(engine):
+    loop = EngineLoop(engine, max_batch_size=2, cancel_period_s=0.05).start()
+    flag, events = threading.Event(), []
+    try:
+        params = SamplingParams(max_tokens=500, temperature=0.9, seed=4, ignore_eos=True)
+        loop.submit(engine.processor.prepare(EXAMPLE), params, lambda e, err: events.append(e or err), flag.is_set)
+        while not events:
+            time.sleep(0.01)
+        flag.set()
+        t0 = time.perf_counter()
+        while not (events and getattr(events[-1], "finished", False)):
+            assert time.perf_counter() - t0 < 10
+            time.sleep(0.01)
+        assert events[-1].finish_reason == "cancelled"
+        assert loop.scheduler.num_running == 0
+    finally:
+        loop.stop()
+
+
+def test_dead_loop_fails_open_requests_and_refuses_new_ones(engine):
+    deaths = []
+    loop = EngineLoop(engine, max_batch_size=2, on_death=deaths.append).start()
+    prompt = engine.processor.prepare(EXAMPLE)
+    errors = []
+    started = threading.Event()
+
+    def broken_step():
+        started.wait(10)
+        raise RuntimeError("device lost")
+
+    loop.scheduler.step = broken_step
+    loop.submit(prompt, SamplingParams(max_tokens=5), lambda e, err: errors.append(err))
+    started.set()
+    loop._thread.join(10)
+    assert errors == ["engine loop died: RuntimeError: device lost"]
+    assert deaths == ["RuntimeError: device lost"] and not loop.alive
+    with pytest.raises(OcriaError, match="engine loop is not running: RuntimeError: device lost"):
+        loop.submit(prompt, SamplingParams(max_tokens=5), lambda e, err: None)
