@@ -75,9 +75,10 @@ def time_calls(fns: list, min_calls: int = 20, replays: int = 15) -> float:
 
 
 def copy_bandwidth() -> float:
-    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    """Device-to-device copy bandwidth in bytes/s of 1 GiB fp32 buffers, counting bytes read and written."""
+    a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
-    return 2 * a.numel() / (time_calls([lambda: b.copy_(a)], min_calls=10) * 1e-6)
+    return 2 * 4 * a.numel() / (time_calls([lambda: b.copy_(a)], min_calls=10) * 1e-6)
 
 
 def make_weights(k: int, n: int) -> dict:
@@ -115,6 +116,12 @@ def main() -> None:
     latency = time_calls([lambda: tiny.add_(1)], min_calls=50)
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s, trivial kernel in a graph {latency:.2f} µs")
     checks, rows, errors = [], [], []
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "triton": __import__("triton").__version__,
+              "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+              "copy_bandwidth_TBps": bw / 1e12, "trivial_kernel_us": latency, "correctness": checks, "errors": errors,
+              "rows": rows}
     print(f"{'shape':17s} {'M':>4} {'bf16':>8} {'fp8':>8} {'fp8lay':>8} {'nvfp4':>8} {'best':>8} | floors "
           f"{'bf16':>7} {'fp8':>7} {'nvfp4':>7} | x floor bf16 fp8 nvfp4")
     for name in args.shapes:
@@ -164,15 +171,10 @@ def main() -> None:
                   f"{row['x_floor_bf16']:.2f} {row['x_floor_fp8']:.2f} {row['x_floor_nvfp4']:.2f}")
         del sets, layers, base
         torch.cuda.empty_cache()
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "triton": __import__("triton").__version__,
-              "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
-              "copy_bandwidth_TBps": bw / 1e12, "trivial_kernel_us": latency, "correctness": checks, "errors": errors,
-              "rows": rows}
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,12 @@ def _f32_exponent(a: Tensor) -> Tensor:
     return ((a.view(torch.int32) >> 23) & 0xFF) - 127
 
 
+def _exact_divisor(value: float, like: Tensor) -> Tensor:
+    """A divisor as a tensor on ``like``'s device: PyTorch's CUDA division by a Python number
+    multiplies by its rounded reciprocal instead of dividing, which changes the last bit."""
+    return torch.tensor(value, dtype=torch.float32, device=like.device)
+
+
 def _rint(y: Tensor) -> Tensor:
     """Round-half-even to an integer for 0 <= y < 2^22 using fp32 addition of 2^23 (exact ulp 1)."""
     big = torch.tensor(8388608.0, dtype=torch.float32)
@@ -104,7 +110,7 @@ def fp8_per_token_scales(x: Tensor) -> Tensor:
     """Dynamic per-token scales [..., 1] fp32: ``amax(|row|) / 448`` (amax <= 2^-24 -> 1.0)."""
     amax = x.float().abs().amax(dim=-1, keepdim=True)
     amax = torch.where(amax <= FP8_AMAX_EPS, torch.ones_like(amax), amax)
-    return amax / E4M3_MAX
+    return amax / _exact_divisor(E4M3_MAX, amax)
 
 
 def quantize_fp8_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -122,7 +128,8 @@ def dequantize_fp8(q: Tensor, scale: Tensor | float, dtype: torch.dtype = torch.
 
 def nvfp4_global_scale(amax: Tensor | float) -> Tensor:
     """fp32 ``weight_scale_2`` / ``input_scale`` of NVFP4: ``amax / (6 * 448)``."""
-    return torch.as_tensor(amax, dtype=torch.float32) / (E2M1_MAX * E4M3_MAX)
+    amax = torch.as_tensor(amax, dtype=torch.float32)
+    return amax / _exact_divisor(E2M1_MAX * E4M3_MAX, amax)
 
 
 def nvfp4_block_scales(x: Tensor, global_scale: Tensor | float) -> Tensor:
