@@ -62,11 +62,11 @@ class GraphDecoder:
         self.out[:rows, :T].copy_(res.tokens)
         self.out[:rows, -2].copy_(res.accepted)
         self.out[:rows, -1].copy_(res.proposed)
-        pad = self.pad_slot
-        self.tcache.kv_len[pad] = 0
-        self.tcache.pending_len[pad] = 0
+        pad = slice(self.pad_slot, self.pad_slot + 1)
+        self.tcache.kv_len[pad].zero_()
+        self.tcache.pending_len[pad].zero_()
         if self.dcache is not None:
-            self.dcache.ctx_len[pad] = 0
+            self.dcache.ctx_len[pad].zero_()
 
     def _graph(self, key: tuple) -> torch.cuda.CUDAGraph:
         graph = self.graphs.get(key)
