@@ -18,6 +18,7 @@ from ocria.train.data import IGNORE, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
 from ocria.train.export import export_model, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
+from ocria.train.optim import FlatAdamW, lr_at
 from ocria.train.run import Run, TrainConfig
 from ocria.train.target import build_target, target_loss
 
@@ -133,6 +134,29 @@ def test_target_training_steps_reduce_the_loss(tiny_preset, batch):
     assert losses[-1] < losses[0] - 1.0
 
 
+def test_flat_adamw_follows_torch_adamw_and_the_schedule():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+    ours = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.Linear(16, 3))
+    ours.load_state_dict(ref.state_dict())
+    decay = [p for p in ref.parameters() if p.dim() >= 2]
+    plain = [p for p in ref.parameters() if p.dim() < 2]
+    torch_opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": plain, "weight_decay": 0.0}],
+                                  lr=1e-2, betas=(0.9, 0.95), eps=1e-8)
+    flat = FlatAdamW(ours, lr=1e-2, weight_decay=0.1)
+    x, y = torch.randn(64, 8), torch.randn(64, 3)
+    for _ in range(20):
+        for model, opt in ((ref, torch_opt), (ours, flat)):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+    for a, b in zip(ref.parameters(), ours.parameters()):
+        assert _rel(b, a) < 5e-3  # bf16 moments
+    assert flat.state_tensors("o")["o.0.exp_avg"].dtype == torch.bfloat16
+    lrs = [lr_at(s, 100, 1.0, 10) for s in range(100)]
+    assert lrs[0] == 0.1 and lrs[9] == 1.0 and all(a >= b for a, b in zip(lrs[10:], lrs[11:])) and lrs[-1] > 0.05
+
+
 def _cfg(**over) -> TrainConfig:
     base = dict(target_steps=4, target_batch=2, drafter_steps=3, ablation_steps=2, drafter_batch=2, workers=0,
                 eval_docs=2, eval_batch=2, eval_max_tokens=12, log_every=1, target_warmup=2, drafter_warmup=2)
@@ -161,6 +185,8 @@ def test_resume_gives_identical_next_step_loss(tiny_preset, tmp_path):
 def test_sharded_state_round_trips_and_replaces_old_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "MAX_SHARD_BYTES", 4096)
     tensors = {f"t{i}": torch.randn(300) for i in range(10)}
+    tensors["big"] = torch.randn(3000)  # 12 kB: cut into parts of at most one shard
+    tensors["big2d"] = torch.randn(40, 50)
     run: dict = {"checkpoint": None}
     first = ckpt.save_state(tmp_path, run, tensors, "x-1")
     assert len(first) > 2 and all((tmp_path / f).stat().st_size <= 4096 + 1024 for f in first)

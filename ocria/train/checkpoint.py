@@ -47,23 +47,6 @@ def module_tensors(prefix: str, module: nn.Module) -> dict[str, torch.Tensor]:
     return {f"{prefix}.{n}": p.detach() for n, p in module.named_parameters()}
 
 
-def optimizer_tensors(prefix: str, opt: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    """Optimizer state tensors keyed ``prefix.<param index>.<field>`` and its JSON-able param groups."""
-    sd = opt.state_dict()
-    tensors = {f"{prefix}.{i}.{k}": v for i, st in sd["state"].items() for k, v in st.items()}
-    return tensors, sd["param_groups"]
-
-
-def load_optimizer(opt: torch.optim.Optimizer, prefix: str, tensors: dict[str, torch.Tensor],
-                   groups: list[dict]) -> None:
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for name, t in tensors.items():
-        if name.startswith(prefix + "."):
-            i, field = name[len(prefix) + 1:].split(".", 1)
-            state.setdefault(int(i), {})[field] = t
-    opt.load_state_dict({"state": state, "param_groups": groups})
-
-
 def load_module_tensors(module: nn.Module, prefix: str, tensors: dict[str, torch.Tensor]) -> None:
     params = dict(module.named_parameters())
     for name, p in params.items():
@@ -81,13 +64,21 @@ def save_state(directory: Path, run: dict, tensors: dict[str, torch.Tensor], tag
     """Write ``tensors`` as shards named ``state-<tag>-<k>.safetensors``, point ``run['checkpoint']`` at
     them, replace run.json, then delete shards of earlier generations. Returns the shard names."""
     directory.mkdir(parents=True, exist_ok=True)
+    pieces: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():  # tensors over a shard are cut along dim 0 into name#k parts
+        t = tensor.detach().to("cpu").contiguous()
+        rows = max(1, MAX_SHARD_BYTES // max(1, t[0].numel() * t.element_size())) if t.dim() else 1
+        if t.dim() and t.numel() * t.element_size() > MAX_SHARD_BYTES:
+            pieces.update({f"{name}#{k:03d}": part.clone() for k, part in enumerate(t.split(rows))})
+        else:
+            pieces[name] = t
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for name in sorted(tensors):
-        t = tensors[name].detach().to("cpu").contiguous()
+    for name in sorted(pieces):
+        t = pieces[name]
         nbytes = t.numel() * t.element_size()
         if nbytes > MAX_SHARD_BYTES:
-            raise CheckpointError(f"tensor {name!r} ({nbytes} bytes) is larger than one shard ({MAX_SHARD_BYTES})")
+            raise CheckpointError(f"tensor {name!r} has rows larger than one shard ({MAX_SHARD_BYTES} bytes)")
         if size + nbytes > MAX_SHARD_BYTES:
             shards.append({})
             size = 0
@@ -110,12 +101,15 @@ def save_state(directory: Path, run: dict, tensors: dict[str, torch.Tensor], tag
 
 
 def load_state(directory: Path, run: dict) -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
+    pieces: dict[str, torch.Tensor] = {}
     for fname in run["checkpoint"]["files"]:
         path = directory / fname
         if not path.is_file():
             raise CheckpointError(f"{path}: shard named in {RUN_FILE} is missing (copy the whole state directory)")
-        tensors.update(load_file(str(path)))
+        pieces.update(load_file(str(path)))
+    tensors = {n: t for n, t in pieces.items() if "#" not in n}
+    for name in sorted({n.split("#")[0] for n in pieces if "#" in n}):
+        tensors[name] = torch.cat([pieces[n] for n in sorted(pieces) if n.split("#")[0] == name])
     return tensors
 
 

@@ -32,7 +32,7 @@ from ocria.train.distill import block_forward, build_drafter, drafter_loss, gree
 from ocria.train.evaluate import engine_dir, evaluate, heldout_pngs
 from ocria.train.export import export_model, shipped_bytes
 from ocria.train.gdn_chunked import chunked_gdn
-from ocria.train.optim import adamw, lr_at, set_lr
+from ocria.train.optim import FlatAdamW, lr_at, set_lr
 from ocria.train.target import build_target, target_loss
 
 STAGES = ("check", "target", "drafter", "drafter_noconv", "eval", "done")
@@ -176,15 +176,14 @@ class Run:
               loss_fn) -> bool:
         """Shared resumable loop: AdamW + cosine, grad clipping, time-boxed, checkpoint on exit."""
         cfg = self.cfg
-        opt = adamw(model, lr, cfg.weight_decay)
+        opt = FlatAdamW(model, lr, cfg.weight_decay)
         sampler = torch.Generator().manual_seed(cfg.seed + 17)
         step = 0
         meta = self.run.get("checkpoint") or {}
         if meta.get("stage") == name:
             tensors = ckpt.load_state(self.state, self.run)
             ckpt.load_module_tensors(model, "model", tensors)
-            ckpt.load_optimizer(opt, "opt", {k: v.to(self.device) for k, v in tensors.items() if k.startswith("opt.")},
-                                meta["optimizer_groups"])
+            opt.load_state_tensors("opt", tensors)
             ckpt.restore_rng(tensors, sampler)
             step = meta["step"]
             self.log(f"{name}: resumed at step {step}")
@@ -194,10 +193,9 @@ class Run:
 
         def save() -> None:
             tensors = ckpt.module_tensors("model", model)
-            opt_t, groups = ckpt.optimizer_tensors("opt", opt)
-            tensors.update(opt_t)
+            tensors.update(opt.state_tensors("opt"))
             tensors.update(ckpt.rng_tensors(sampler))
-            self.run["checkpoint"] = {"stage": name, "step": step, "cursor": step, "optimizer_groups": groups}
+            self.run["checkpoint"] = {"stage": name, "step": step, "cursor": step}
             ckpt.save_state(self.state, self.run, tensors, f"{name}-{step}")
             self.log(f"{name}: checkpoint at step {step}")
 
@@ -208,7 +206,7 @@ class Run:
                 set_lr(opt, cur_lr)
                 with self.autocast(), chunked_gdn(cfg.gdn_chunk):
                     loss, stats = loss_fn(batch.to(self.device), sampler)
-                opt.zero_grad(set_to_none=True)
+                opt.zero_grad()
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
