@@ -128,7 +128,7 @@ class DFlash2Drafter(nn.Module):
 
     def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
               attn_len: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """Draft Bs-1 tokens after ``last_tokens`` [B]. Returns (logits [B, Bs-1, V] fp32, conf or None).
+        """Draft Bs-1 tokens after ``last_tokens`` [B]. Returns (logits [B, Bs-1, V] in the model dtype, conf or None).
 
         The block's K/V are written past the context and dropped (``ctx_len`` does not move).
         """
@@ -145,7 +145,7 @@ class DFlash2Drafter(nn.Module):
             x = layer(x, cos, sin, k_cache, v_cache, slots, start, attn_len)
         out = self.norm(x)[:, 1:]
         conf = torch.sigmoid(self.selector_head(out).float())[..., 0] if self.config.selector_head else None
-        return self.lm_head(out).float(), conf
+        return self.lm_head(out), conf
 
     def propose(self, logits: Tensor, cache: DrafterCache, slots: Tensor) -> Tensor:
         """Drafted tokens [B, Bs-1] from the drafted logits (greedy; a hook benchmarks override)."""

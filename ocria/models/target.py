@@ -70,7 +70,13 @@ class _LMBase(nn.Module):
         return self.text.cfg
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return self.lm_head(hidden).float()
+        """fp32 logits. On CUDA a bf16/fp16 head accumulates straight into fp32 (``mm`` with
+        ``out_dtype``): rounding logits to bf16 would create ties that flip greedy tokens."""
+        head = self.lm_head
+        if hidden.is_cuda and hidden.dtype != torch.float32 and type(head) is nn.Linear:
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            return torch.mm(flat, head.weight.t(), out_dtype=torch.float32).view(*hidden.shape[:-1], -1)
+        return head(hidden).float()
 
     def forward_cached(self, embeds: Tensor, positions: Tensor, cache: TargetCache, slots: Tensor, mode: str,
                        capture: tuple[int, ...] = (), attn_len: int | None = None):
