@@ -41,7 +41,7 @@ def tiny_preset(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def batch(tiny_preset):
-    return next(iter(loader(load_preset(tiny_preset).assets, 2, 0, 1, 0)))
+    return next(iter(loader(load_preset(tiny_preset).assets, 2, 0, 0)))
 
 
 def _gdn_inputs(dtype, B=2, T=45, hk=2, hv=4, dk=8, dv=6, seed=0):
@@ -182,6 +182,15 @@ def test_resume_gives_identical_next_step_loss(tiny_preset, tmp_path):
     assert exported[0] == exported[1]
 
 
+def test_zero_steps_means_the_steps_that_fit_the_minutes(tiny_preset, tmp_path):
+    run = Run(tmp_path, _cfg(preset=tiny_preset, target_steps=0, target_minutes=0.001, target_warmup=11,
+                             target_batch=1, log_every=100), 600)
+    assert run.stage_target()
+    fixed = run.run["config"]["target_steps"]
+    assert fixed == 11 and run.run["stages"]["target"]["steps"] == fixed == run.cfg.target_steps
+    assert run.call["config_changes"] == {"target_steps": fixed}
+
+
 def test_sharded_state_round_trips_and_replaces_old_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "MAX_SHARD_BYTES", 4096)
     tensors = {f"t{i}": torch.randn(300) for i in range(10)}
@@ -307,7 +316,8 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     state, out = tmp_path / "state", tmp_path / "out"
     sets = [f"--set={k}={v}" for k, v in dict(preset=tiny_preset, target_steps=2, target_batch=1, drafter_steps=2,
                                               ablation_steps=1, drafter_batch=1, workers=0, eval_docs=1,
-                                              eval_batch=1, eval_max_tokens=8, block_size=4).items()]
+                                              eval_batch=1, eval_max_tokens=8, block_size=4,
+                                              fixed_point_iters=1).items()]
     assert train_main(["run", "--state", str(state), "--out", str(out), "--budget-s", "600", *sets]) == 0
     run = json.loads((out / "run.json").read_text())
     assert run["stage"] == "done" and run["checkpoint"] is None

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-510}
 OUT_DIR=${OUT:-/tmp/ocria-train-out}
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p "$OUT_DIR"
 $PY - <<'PY'
 import torch, transformers

@@ -29,6 +29,7 @@ def write_json(path: Path, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

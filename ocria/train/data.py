@@ -106,10 +106,23 @@ class _Collate:
         return collate(samples, self.pad_id)
 
 
-def loader(assets: Path, batch_size: int, start_batch: int, num_batches: int, workers: int,
-           split: str = "train", pad_id: int = 0) -> DataLoader:
-    """Batches ``start_batch .. start_batch + num_batches - 1`` of ``split``, in order."""
-    batches = [list(range(b * batch_size, (b + 1) * batch_size)) for b in range(start_batch, start_batch + num_batches)]
-    return DataLoader(SplitDocuments(assets, split), batch_sampler=batches, collate_fn=_Collate(pad_id),
+class _Batches:
+    """Sample indices of batches ``start, start + 1, ...`` (endless; the caller stops)."""
+
+    def __init__(self, start: int, size: int):
+        self.start, self.size = start, size
+
+    def __iter__(self):
+        b = self.start
+        while True:
+            yield list(range(b * self.size, (b + 1) * self.size))
+            b += 1
+
+
+def loader(assets: Path, batch_size: int, start_batch: int, workers: int, split: str = "train",
+           pad_id: int = 0) -> DataLoader:
+    """Batches ``start_batch, start_batch + 1, ...`` of ``split``, in order, without end."""
+    return DataLoader(SplitDocuments(assets, split), batch_sampler=_Batches(start_batch, batch_size),
+                      collate_fn=_Collate(pad_id),
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
                       prefetch_factor=4 if workers else None, persistent_workers=False)

@@ -43,12 +43,14 @@ class TrainConfig:
     preset: str = "ocria-mini"
     seed: int = 0
     block_size: int = 16  # drafter block (tau is quoted at block 16)
-    target_steps: int = 4000
+    target_steps: int = 0  # 0: as many as fit in target_minutes (timed in the first call)
+    target_minutes: float = 13.0
     target_batch: int = 64
     target_lr: float = 2e-3
     target_warmup: int = 200
-    drafter_steps: int = 1500
-    ablation_steps: int = 600
+    drafter_steps: int = 0  # 0: as many as fit in drafter_minutes
+    drafter_minutes: float = 3.5
+    ablation_steps: int = -1  # the local-conv-off drafter: -1 = as many as the main drafter, 0 = skip
     drafter_batch: int = 32
     drafter_lr: float = 1e-3
     drafter_warmup: int = 100
@@ -64,6 +66,7 @@ class TrainConfig:
     eval_docs: int = 100
     eval_batch: int = 32
     eval_max_tokens: int = 384
+    eval_graphs: str = "auto"  # runtime CUDA graphs in evaluation: auto (runtime default), on, off
     log_every: int = 25
     save_every_s: float = 240.0
 
@@ -172,10 +175,23 @@ class Run:
         self.run["stages"]["check"] = {"tokenizer": "up to date", "data": "deterministic", "wall_s": time.time() - t}
         return True
 
-    def _loop(self, name: str, model: torch.nn.Module, steps: int, batch_size: int, lr: float, warmup: int,
-              loss_fn) -> bool:
-        """Shared resumable loop: AdamW + cosine, grad clipping, time-boxed, checkpoint on exit."""
+    def _total_steps(self, key: str) -> int:
+        """Configured steps of a stage; 0 = not yet fixed (the first call times it: see ``_loop``)."""
+        steps = getattr(self.cfg, key)
+        if key == "ablation_steps" and steps < 0:
+            return self.cfg.drafter_steps
+        return steps
+
+    def _loop(self, name: str, model: torch.nn.Module, steps_key: str, minutes: float, batch_size: int, lr: float,
+              warmup: int, loss_fn) -> bool:
+        """Shared resumable loop: AdamW + cosine, grad clipping, time-boxed, checkpoint on exit.
+
+        A stage configured with 0 steps gets ``minutes`` of training: its first call times the steps
+        after a short warm-up, then fixes the total (recorded in run.json) before warmup ends, so the
+        cosine schedule is known from then on and identical in every later call.
+        """
         cfg = self.cfg
+        steps = self._total_steps(steps_key)
         opt = FlatAdamW(model, lr, cfg.weight_decay)
         sampler = torch.Generator().manual_seed(cfg.seed + 17)
         step = 0
@@ -188,6 +204,9 @@ class Run:
             step = meta["step"]
             self.log(f"{name}: resumed at step {step}")
         history = self.run["history"].setdefault(name, [])
+        timing_from, timing_at = step + 5, step + max(10, min(warmup, 40) - 1)
+        if steps <= 0 and timing_at >= warmup:
+            raise OcriaError(f"{name}: warmup {warmup} is too short to time the steps before it ends (>= 41)")
         last_save = time.time()
         t_start, step_start = time.time(), step
 
@@ -199,10 +218,9 @@ class Run:
             ckpt.save_state(self.state, self.run, tensors, f"{name}-{step}")
             self.log(f"{name}: checkpoint at step {step}")
 
-        if step < steps:
-            batches = loader(self.preset.assets, batch_size, step, steps - step, cfg.workers)
-            for batch in batches:
-                cur_lr = lr_at(step, steps, lr, warmup)
+        if steps <= 0 or step < steps:
+            for batch in loader(self.preset.assets, batch_size, step, cfg.workers):
+                cur_lr = lr_at(step, max(steps, warmup + 1), lr, warmup)
                 set_lr(opt, cur_lr)
                 with self.autocast(), chunked_gdn(cfg.gdn_chunk):
                     loss, stats = loss_fn(batch.to(self.device), sampler)
@@ -211,6 +229,15 @@ class Run:
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
                 step += 1
+                if step == timing_from:
+                    t_timing = time.time()
+                if steps <= 0 and step == timing_at:
+                    rate = (step - timing_from) / (time.time() - t_timing)
+                    steps = max(step + 1, int(rate * minutes * 60))
+                    setattr(self.cfg, steps_key, steps)
+                    self.run["config"][steps_key] = steps
+                    self.call.setdefault("config_changes", {})[steps_key] = steps
+                    self.log(f"{name}: {rate:.2f} steps/s -> {steps} steps for {minutes} min")
                 if step % cfg.log_every == 0 or step == steps:
                     rate = (step - step_start) / (time.time() - t_start)
                     history.append({"step": step, "loss": round(loss.item(), 5), "lr": cur_lr,
@@ -218,8 +245,10 @@ class Run:
                                     **{k: round(v, 5) for k, v in stats.items()}})
                     self.log(f"{name} step {step}/{steps} loss {loss.item():.4f} lr {cur_lr:.2e} "
                              f"{rate:.2f} it/s {stats}")
+                if step == steps:
+                    break
                 stop = self.left() < 45 or (self.max_steps is not None and step - step_start >= self.max_steps)
-                if step < steps and (stop or time.time() - last_save > cfg.save_every_s):
+                if stop or time.time() - last_save > cfg.save_every_s:
                     save()
                     last_save = time.time()
                     if stop:
@@ -235,8 +264,8 @@ class Run:
         def loss_fn(batch, _sampler):
             return target_loss(model, batch), {}
 
-        if not self._loop("target", model, cfg.target_steps, cfg.target_batch, cfg.target_lr, cfg.target_warmup,
-                          loss_fn):
+        if not self._loop("target", model, "target_steps", cfg.target_minutes, cfg.target_batch, cfg.target_lr,
+                          cfg.target_warmup, loss_fn):
             return False
         export_model(model, self.state / "target")
         ckpt.drop_state(self.state, self.run)
@@ -257,7 +286,7 @@ class Run:
             d["dflash_config"]["local_conv_kernel"] = 0
         return d
 
-    def _train_drafter(self, name: str, local_conv: bool, steps: int) -> DFlash2Drafter | None:
+    def _train_drafter(self, name: str, local_conv: bool, steps_key: str) -> DFlash2Drafter | None:
         cfg = self.cfg
         target = self._trained_target()
         drafter = build_drafter(self._drafter_cfg(local_conv), target, self.preset.seed + 1).to(self.device)
@@ -271,12 +300,13 @@ class Run:
             logits, sel = block_forward(drafter, feats, anchors, ids)
             return drafter_loss(logits, sel, blabels, cfg.selector_weight)
 
-        if not self._loop(name, drafter, steps, cfg.drafter_batch, cfg.drafter_lr, cfg.drafter_warmup, loss_fn):
+        if not self._loop(name, drafter, steps_key, cfg.drafter_minutes, cfg.drafter_batch, cfg.drafter_lr,
+                          cfg.drafter_warmup, loss_fn):
             return None
         return drafter
 
     def stage_drafter(self) -> bool:
-        drafter = self._train_drafter("drafter", True, self.cfg.drafter_steps)
+        drafter = self._train_drafter("drafter", True, "drafter_steps")
         if drafter is None:
             return False
         export_model(drafter, self.state / "drafter")
@@ -287,16 +317,17 @@ class Run:
         """Held-out evaluation through the runtime's engine and scheduler (links in a temp engine dir)."""
         with tempfile.TemporaryDirectory() as tmp:
             root = engine_dir(Path(tmp), self.preset.assets, self.state / "target", drafter_dir)
-            engine = Engine(root, device=str(self.device), verify=False)
+            graphs = {"on": {"use_graphs": True}, "off": {"use_graphs": False}}.get(self.cfg.eval_graphs, {})
+            engine = Engine(root, device=str(self.device), verify=False, **graphs)
             return evaluate(engine, heldout_pngs(self.cfg.eval_docs), self.cfg.eval_max_tokens, self.cfg.eval_batch)
 
     def stage_drafter_noconv(self) -> bool:
         """Ablation: same recipe without the local convolution; only its tau is kept (not shipped)."""
-        if self.cfg.ablation_steps <= 0:
+        if self.cfg.ablation_steps == 0:
             return True
         out = self.state / "drafter_noconv"
         if not (out / "config.json").is_file():
-            drafter = self._train_drafter("drafter_noconv", False, self.cfg.ablation_steps)
+            drafter = self._train_drafter("drafter_noconv", False, "ablation_steps")
             if drafter is None:
                 return False
             export_model(drafter, out)
