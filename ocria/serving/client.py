@@ -72,6 +72,10 @@ class Client:
 
     def generate(self, image: bytes, model: str = ENSEMBLE, **kwargs) -> Iterator[Chunk]:
         """Yield chunks of text until the final one; raise ServerError on a server-side error."""
+        return self.stream(request_inputs(image, **kwargs), model)
+
+    def stream(self, inputs: list, model: str = ENSEMBLE) -> Iterator[Chunk]:
+        """Send prepared tritonclient InferInputs over a gRPC stream; yield chunks until the final one."""
         from tritonclient.utils import InferenceServerException
 
         responses: queue.Queue = queue.Queue()
@@ -79,7 +83,7 @@ class Client:
         done = False
         try:
             client.start_stream(callback=lambda result, error: responses.put((result, error)))
-            client.async_stream_infer(model, request_inputs(image, **kwargs), enable_empty_final_response=True)
+            client.async_stream_infer(model, inputs, enable_empty_final_response=True)
             while not done:
                 try:
                     result, error = responses.get(timeout=self.timeout_s)

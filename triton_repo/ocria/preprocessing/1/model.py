@@ -1,8 +1,8 @@
 """preprocessing: image file bytes + optional instruction -> input_ids, pixel_values, image_grid_thw.
 
 Loads only the engine's tokenizer and image processor (no weights), so it can run several instances
-beside the engine. Bad input (corrupt/non-image bytes, too many pixels, wrong shape) fails only this
-request, with INVALID_ARG and a one-line reason.
+beside the engine. Bad input (corrupt/non-image bytes, too many pixels, wrong shape, out-of-range
+sampling values) fails only this request, with INVALID_ARG and a one-line reason.
 """
 
 import json
@@ -32,6 +32,7 @@ class TritonPythonModel:
             return None if tensor is None else tensor.as_numpy()
 
         try:
+            protocol.sampling_params(get)[0].check(max_new_tokens=1 << 30)  # the engine checks the length
             prompt = self.processor.prepare(protocol.image_bytes(get), protocol.prompt_text(get))
         except RequestError as e:
             error = pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)

@@ -1,0 +1,288 @@
+"""End to end: `ocria serve` starts the real tritonserver (bundled in nvidia-pytriton) on CPU, loopback,
+free ports; requests go through the `ocria` ensemble over gRPC with tritonclient."""
+
+import io
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ocria.builder.engine import build_engine
+from ocria.cli import main
+from ocria.serving.client import Client, ServerError, _input, request_inputs
+from ocria.serving.tritonserver import Ports
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
+START_TIMEOUT_S = 300
+SAMPLING = dict(temperature=0.9, seed=7, max_tokens=24)
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    ports: Ports
+    engine: Path
+    lines: list
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    def http(self, path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.http}{path}", timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.metrics}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith("ocria_")}
+
+    def triton_pid(self) -> int | None:
+        for line in self.lines:
+            m = re.search(r"starting tritonserver \(pid (\d+)\)", line)
+            if m:
+                return int(m.group(1))
+        return None
+
+
+def _pump(stream, lines: list, q: queue.Queue) -> None:
+    for line in stream:
+        lines.append(line)
+        q.put(line)
+    q.put(None)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("serve")
+    engine = build_engine(tmp / "mini", progress=False)
+    ports = Ports.free()
+    log = tmp / "tritonserver.log"
+    cmd = [sys.executable, "-m", "ocria.cli", "serve", "--engine", str(engine), "--grpc-port", str(ports.grpc),
+           "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--log-file", str(log),
+           "--max-batch", "8", "--ready-timeout", str(START_TIMEOUT_S)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines, q = [], queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines, q), daemon=True).start()
+    srv = Server(proc, ports, engine, lines, log)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S + 30
+        while True:
+            line = q.get(timeout=max(1.0, deadline - time.monotonic()))
+            if line is None:
+                pytest.fail(f"ocria serve exited ({proc.wait()}):\n{''.join(lines)}")
+            if line.startswith("ready:"):
+                break
+        yield srv
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        pid = srv.triton_pid()
+        if pid is not None:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture(scope="module")
+def image() -> bytes:
+    return EXAMPLE.read_bytes()
+
+
+def _run_text(capsys, engine: Path) -> str:
+    capsys.readouterr()
+    assert main(["run", "--engine", str(engine), "--image", str(EXAMPLE), "--json", "--temperature",
+                 str(SAMPLING["temperature"]), "--seed", str(SAMPLING["seed"]), "--max-tokens",
+                 str(SAMPLING["max_tokens"])]) == 0
+    return json.loads(capsys.readouterr().out)["text"]
+
+
+def test_stream_and_non_stream_equal_ocria_run(server, image, capsys):
+    expected = _run_text(capsys, server.engine)
+    client = Client(server.url, timeout_s=120)
+    chunks = list(client.generate(image, stream=True, return_perf_metrics=True, **SAMPLING))
+    assert len(chunks) > 1 and all(not c.final for c in chunks[:-1]) and chunks[-1].final
+    assert "".join(c.text for c in chunks) == expected
+    assert chunks[-1].finish_reason in ("length", "stop")
+    perf = chunks[-1].perf
+    assert set(perf) == {"acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens",
+                         "first_token_time_ns", "last_token_time_ns"}
+    assert perf["total_draft_tokens"] > 0 and 0 <= perf["acceptance_rate"] <= 1
+    assert 0 < perf["first_token_time_ns"] <= perf["last_token_time_ns"]
+    whole = list(client.generate(image, stream=False, **SAMPLING))
+    assert len(whole) == 1 and whole[0].final and whole[0].text == expected and whole[0].perf == {}
+
+
+def test_client_command_streams_and_prints_json(server, capsys):
+    args = ["client", "--url", server.url, "--image", str(EXAMPLE), "--temperature", "0.9", "--seed", "7",
+            "--max-tokens", "24"]
+    expected = _run_text(capsys, server.engine)
+    assert main(args + ["--stream"]) == 0
+    assert capsys.readouterr().out == expected + "\n"
+    assert main(args + ["--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == expected and out["total_draft_tokens"] > 0
+    assert main(args + ["--max-tokens", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "max_tokens must be a positive integer, got 0" in err
+
+
+def test_32_concurrent_streams_each_get_their_own_output(server, image):
+    client = Client(server.url, timeout_s=120)
+
+    def run(seed: int) -> tuple[str, bool]:
+        chunks = list(client.generate(image, stream=True, temperature=0.9, seed=seed, max_tokens=12))
+        return "".join(c.text for c in chunks), chunks[-1].final
+
+    alone = [run(seed) for seed in range(32)]
+    batches_before = server.metrics()
+    with ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(run, range(32)))
+    assert together == alone and all(final for _, final in alone)
+    assert len({text for text, _ in alone}) > 16  # different seeds, different texts: no cross-talk
+    after = server.metrics()
+    key = 'ocria_batch_size_bucket{model="ocria_engine",le="1"}'
+    count = 'ocria_batch_size_count{model="ocria_engine"}'
+    steps_with_more_than_one = (after[count] - after[key]) - (batches_before[count] - batches_before[key])
+    assert steps_with_more_than_one > 0
+    assert after['ocria_requests_in_flight{model="ocria_engine"}'] == 0
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_cancel_mid_stream_frees_the_slot(server, image, stream):
+    client = Client(server.url, timeout_s=120)
+    reason = 'ocria_requests_finished_total{model="ocria_engine",reason="cancelled"}'
+    before = server.metrics()[reason]
+    if stream:  # the client leaves after two chunks: the generator cancels its stream
+        gen = client.generate(image, stream=True, temperature=0.9, seed=11, max_tokens=800)
+        next(gen)
+        next(gen)
+        gen.close()
+    else:  # nothing streams back: cancel while the engine is generating
+        import tritonclient.grpc as grpcclient
+
+        raw = grpcclient.InferenceServerClient(server.url)
+        raw.start_stream(callback=lambda result, error: None)
+        raw.async_stream_infer("ocria", request_inputs(image, stream=False, temperature=0.9, seed=11,
+                                                       max_tokens=800))
+        deadline = time.monotonic() + 30
+        while server.metrics()['ocria_requests_in_flight{model="ocria_engine"}'] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        time.sleep(0.3)
+        raw.stop_stream(cancel_requests=True)
+        raw.close()
+    deadline = time.monotonic() + 10
+    while True:
+        m = server.metrics()
+        if m[reason] == before + 1 and m['ocria_requests_in_flight{model="ocria_engine"}'] == 0:
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+    assert server.http("/v2/models/ocria/ready") == 200
+    assert Client(server.url).complete(image, max_tokens=4).final
+
+
+def _png(width: int, height: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), "white").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _raw(**overrides):
+    """Good inputs with some replaced (value None: removed)."""
+    inputs = {i.name(): i for i in request_inputs(EXAMPLE.read_bytes(), max_tokens=4)}
+    for name, value in overrides.items():
+        inputs.pop(name, None)
+        if value is not None:
+            inputs[name] = value
+    return list(inputs.values())
+
+
+BAD_INPUTS = {
+    "corrupt image": (dict(image=EXAMPLE.read_bytes()[:200]), "not a readable image"),
+    "not an image": (dict(image=b"%PDF-1.4 hello"), "not a readable image"),
+    "too many pixels": (dict(image=_png(600, 500)), "600x500 = 300000 pixels, over the limit of 262144"),
+    "max_tokens 0": (dict(max_tokens=0), "max_tokens must be a positive integer, got 0"),
+    "max_tokens too large": (dict(max_tokens=100000), "max_tokens=100000 is beyond"),
+    "temperature < 0": (dict(temperature=-0.5), "temperature must be >= 0, got -0.5"),
+    "top_p 0": (dict(top_p=0.0), "top_p must be in (0, 1], got 0.0"),
+    "top_p > 1": (dict(top_p=1.5), "top_p must be in (0, 1], got 1.5"),
+    "missing image": (dict(raw=_raw(image_bytes_input=None)), "image_bytes_input"),
+    "wrong dtype": (dict(raw=_raw(max_tokens=_input("max_tokens", np.array([[4.0]], np.float32), "FP32"))),
+                    "max_tokens"),
+    "batch of 2": (dict(raw=_raw(image_bytes_input=_input("image_bytes_input", np.zeros((2, 8), np.uint8),
+                                                          "UINT8"))), "batch size"),
+    "wrong shape": (dict(raw=_raw(max_tokens=_input("max_tokens", np.array([[4, 4]], np.int32), "INT32"))),
+                    "max_tokens"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_refused_and_the_server_stays_ready(server, image, case):
+    kwargs, message = BAD_INPUTS[case]
+    client = Client(server.url, timeout_s=60)
+    raw = kwargs.pop("raw", None)
+    with pytest.raises(ServerError) as err:
+        if raw is not None:
+            list(client.stream(raw))
+        else:
+            list(client.generate(kwargs.pop("image", image), **{"max_tokens": 4, **kwargs}))
+    text = str(err.value)
+    assert message in text
+    assert "\n" not in text and len(text) < 500  # one line (Triton's own shape/dtype messages are long)
+    assert server.http("/v2/health/ready") == 200 and server.http("/v2/models/ocria/ready") == 200
+    assert client.complete(image, max_tokens=3).final
+
+
+def test_metrics_after_requests(server, image):
+    before = server.metrics()
+    Client(server.url).complete(image, max_tokens=6, temperature=0.9, seed=1)
+    m = server.metrics()
+    lab = '{model="ocria_engine"}'
+    assert m[f"ocria_generated_tokens_total{lab}"] - before[f"ocria_generated_tokens_total{lab}"] == 6
+    assert m[f"ocria_draft_tokens_proposed_total{lab}"] > before[f"ocria_draft_tokens_proposed_total{lab}"]
+    assert m[f"ocria_draft_tokens_accepted_total{lab}"] <= m[f"ocria_draft_tokens_proposed_total{lab}"]
+    assert m[f"ocria_requests_in_flight{lab}"] == 0
+    for hist in ("ocria_time_to_first_token_seconds", "ocria_inter_token_latency_seconds", "ocria_acceptance_length"):
+        assert m[f"{hist}_count{lab}"] > before.get(f"{hist}_count{lab}", 0)
+        assert m[f"{hist}_sum{lab}"] > 0
+    ttft_mean = m[f"ocria_time_to_first_token_seconds_sum{lab}"] / m[f"ocria_time_to_first_token_seconds_count{lab}"]
+    assert 0 < ttft_mean < 60
+    assert m['ocria_time_to_first_token_seconds_bucket{model="ocria_engine",le="+Inf"}'] == \
+        m[f"ocria_time_to_first_token_seconds_count{lab}"]
+
+
+def test_sigterm_stops_the_server_cleanly(server):
+    pid = server.triton_pid()
+    assert pid is not None
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(60) == 0
+    assert any("tritonserver stopped (exit code 0)" in line for line in server.lines)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
