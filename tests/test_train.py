@@ -318,7 +318,12 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
                                               ablation_steps=1, drafter_batch=1, workers=0, eval_docs=1,
                                               eval_batch=1, eval_max_tokens=8, block_size=4,
                                               fixed_point_iters=1).items()]
-    assert train_main(["run", "--state", str(state), "--out", str(out), "--budget-s", "600", *sets]) == 0
+    args = ["run", "--state", str(state), "--out", str(out), "--budget-s", "600"]
+    assert train_main([*args, "--max-steps", "1", *sets]) == 0  # stops inside the target stage
+    first = json.loads((out / "run.json").read_text())
+    assert first["stage"] == "target" and first["checkpoint"]["step"] == 1
+    assert sorted(p.name for p in out.iterdir()) == ["run.json", *first["checkpoint"]["files"]]
+    assert train_main(args) == 0  # resumes from the state directory, finishes every stage
     run = json.loads((out / "run.json").read_text())
     assert run["stage"] == "done" and run["checkpoint"] is None
     res = run["results"]
@@ -329,6 +334,7 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
         "drafter/config.json", "drafter/model.safetensors", "run.json", "target/config.json",
         "target/model.safetensors"]
+    assert len(run["calls"]) == 2 and run["calls"][1]["stage_at_start"] == "target"
     assert run["calls"][0]["command"].startswith("python -m ocria.train run") and run["calls"][0]["wall_s"] > 0
     assert train_main(["run", "--state", str(state), "--set=bogus=1"]) == 2
     assert "bogus" in capsys.readouterr().err

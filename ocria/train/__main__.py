@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", help="cuda or cpu (default: cuda when available)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="training config override (see TrainConfig); on a resumed run it is recorded in run.json")
-    r.add_argument("--max-steps", type=int, help="stop (with a checkpoint) after this many optimizer steps")
+    r.add_argument("--max-steps", type=int, help="per stage: stop (with a checkpoint) after this many optimizer steps")
     s = sub.add_parser("status", help="print stage, progress and results of a state directory")
     s.add_argument("--state", type=Path, required=True)
     p = sub.add_parser("ship", help="copy the trained target/ and drafter/ into the preset's assets")
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "run":
             run = Run(args.state, TrainConfig.with_overrides(args.set), args.budget_s, args.device, args.set,
-                      args.max_steps, command="python -m ocria.train " + " ".join(argv))
+                      args.max_steps, command="python -m ocria.train " + " ".join(argv), out=args.out)
             try:
                 result = run.main()
             finally:
