@@ -35,39 +35,29 @@ def _nvfp4_gemm_kernel(
     # Swapped operands: acc[n, m] = W x^T, so the dequantized weight tile (computed in registers) is
     # the A operand, which the tensor cores take from registers, and the small x tile is B.
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    NB: tl.constexpr = BLOCK_K // 16
-    j = tl.arange(0, 8)
     for k0 in range(0, K, BLOCK_K):
-        # Packed bytes as [BLOCK_N, NB, 8]: block b, byte j holds k = k0 + 16b + 2j (low nibble) and
-        # k + 1 (high nibble). Even and odd k go through separate dots (the sum does not care about
-        # the order), so the nibbles never need interleaving in registers.
-        kb = k0 // 16 + tl.arange(0, NB)
-        bmask = nmask[:, None] & (kb < K // 16)[None, :]
-        wp = tl.load(w_ptr + rn64[:, None, None] * stride_wn + (kb * 8)[None, :, None] + j[None, None, :],
-                     mask=bmask[:, :, None], other=0).to(tl.int32)
-        sb = tl.load(s_ptr + rn64[:, None] * stride_sn + kb[None, :], mask=bmask, other=0).to(tl.int32)
+        rk = k0 + tl.arange(0, BLOCK_K)
+        xb = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :], other=0)
+        rk2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        wp = tl.load(w_ptr + rn64[:, None] * stride_wn + rk2[None, :],
+                     mask=nmask[:, None] & (rk2 < K // 2)[None, :], other=0).to(tl.int32)
+        codes = tl.reshape(tl.join(wp & 0xF, wp >> 4), [BLOCK_N, BLOCK_K])
+        v = (((codes & 7) << 22) | ((codes & 8) << 28)).to(tl.float32, bitcast=True)  # e2m1 * 2^-126
+        rks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+        sb = tl.load(s_ptr + rn64[:, None] * stride_sn + rks[None, :],
+                     mask=nmask[:, None] & (rks < K // 16)[None, :], other=0).to(tl.int32)
         e = (sb >> 3) & 15
         m = sb & 7
         # E4M3 block scale * 2^100: normal ones by exponent rebias, subnormal ones m * 2^-9 * 2^100.
         s = tl.where(e > 0, (((e + 220) << 23) | (m << 20)).to(tl.float32, bitcast=True),
                      m.to(tl.float32) * 2.4758800785707605e27)
-        s = tl.where((sb & 0x7F) == 0x7F, float("nan"), s)[:, :, None]
-        w_even = tl.reshape((((wp & 7) << 22) | ((wp & 8) << 28)).to(tl.float32, bitcast=True) * s,
-                            [BLOCK_N, BLOCK_K // 2])  # e2m1 * 2^-126 * scale * 2^100
-        w_odd = tl.reshape(((((wp >> 4) & 7) << 22) | ((wp & 0x80) << 24)).to(tl.float32, bitcast=True) * s,
-                           [BLOCK_N, BLOCK_K // 2])
-        rk = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-        xmask = mmask[:, None] & (rk < K)[None, :]
-        x_even = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=xmask, other=0)
-        x_odd = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :] + 1, mask=xmask, other=0)
+        s = tl.where((sb & 0x7F) == 0x7F, float("nan"), s)
+        s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
         if DOT_F32:
-            acc = tl.dot(w_even, tl.trans((x_even.to(tl.int32) << 16).to(tl.float32, bitcast=True)), acc,
-                         input_precision="ieee")
-            acc = tl.dot(w_odd, tl.trans((x_odd.to(tl.int32) << 16).to(tl.float32, bitcast=True)), acc,
-                         input_precision="ieee")
+            x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+            acc = tl.dot(v * s, tl.trans(x), acc, input_precision="ieee")
         else:
-            acc = tl.dot(w_even.to(tl.bfloat16), tl.trans(x_even.to(tl.bfloat16, bitcast=True)), acc)
-            acc = tl.dot(w_odd.to(tl.bfloat16), tl.trans(x_odd.to(tl.bfloat16, bitcast=True)), acc)
+            acc = tl.dot((v * s).to(tl.bfloat16), tl.trans(xb.to(tl.bfloat16, bitcast=True)), acc)
     y = acc * (tl.load(g_ptr) * 67108864.0)
     b = y.to(tl.int32, bitcast=True)
     bits = tl.where(y != y, 0x7FC0, ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).to(tl.int16)
@@ -75,8 +65,16 @@ def _nvfp4_gemm_kernel(
 
 
 def default_config(M: int, N: int, num_sms: int = 132) -> dict:
-    """Tiles for decode M: one M tile, and N tiles small enough for ~2 programs per SM."""
-    block_m = 16 if M <= 16 else (32 if M <= 32 else 64)
+    """Tiles by M and N. For M <= 16 the fastest of the configs timed on the H200 per output width
+    (bench/results/quant_gemm_h200_run1.json: the 248k-row head, 4k..12k-row projections, 2k-row
+    projections); larger M: one M tile of 32/64 rows and N tiles for ~2 programs per SM."""
+    if M <= 16:
+        if N >= 65536:
+            return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
+        if N >= 4096:
+            return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 6}
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
+    block_m = 32 if M <= 32 else 64
     block_n = 128
     while block_n > 16 and triton.cdiv(N, block_n) * triton.cdiv(M, block_m) < 2 * num_sms:
         block_n //= 2

@@ -3,11 +3,14 @@
 In the CPU interpreter every rounding is spelled out in integer/fp32 arithmetic that mirrors
 ``ocria.plugins.numerics`` (IEEE ``div_rn``, round-half-even through ``+2^23 - 2^23``, E4M3/E2M1
 bytes built by hand), because the interpreter's bf16 and fp8 casts do not round to nearest even.
-On the GPU the same values come cheaper: hardware RNE converts to bf16 and (saturating) E4M3, and
-quotients by a scale as a multiply by the correctly rounded reciprocal plus one FMA correction
-(exact by Markstein's theorem). ``exp`` is libdevice's ``expf`` on the GPU (what PyTorch's CUDA
-silu calls) and numpy's in the interpreter; both agree with PyTorch after rounding silu to bf16
-(the CPU tests and bench/silu_quant.py on the H200 check every bf16 gate value).
+On the GPU two steps come cheaper: the hardware RNE convert to bf16, and the NVFP4 quotients by
+a block scale as a multiply by the correctly rounded reciprocal plus one FMA correction (exact by
+Markstein's theorem). E4M3 bytes are always built by hand: on the H200 (Triton 3.6) a variant
+with the ``tl.float8e4nv`` convert (plus reciprocal quotients) gave wrong FP8 bytes for one-row
+tiles (bench/results/silu_quant_h200_run2.json; cause not isolated). ``exp`` is libdevice's ``expf``
+on the GPU (what PyTorch's CUDA silu calls) and numpy's in the interpreter; both agree with
+PyTorch after rounding silu to bf16 (the CPU tests and bench/silu_quant.py on the H200 check every
+bf16 gate value).
 """
 
 import torch
@@ -51,20 +54,6 @@ def _quotient(a, s, r, lim, ON_GPU: tl.constexpr):
         return tl.fma(tl.fma(-t, s, a), r, t)
     else:
         return tl.math.div_rn(a, tl.zeros_like(a) + s)
-
-
-@triton.jit
-def _e4m3_of(h, s, r, ON_GPU: tl.constexpr):
-    """E4M3 byte (int32) of RN(h / s): saturating at 448, NaN -> 0x7F, sign of h kept. On the GPU the
-    rounding of the (exact) quotient is the hardware convert (cvt.rn.satfinite), elsewhere ``_e4m3_code``."""
-    q = _quotient(tl.abs(h), s, r, s * 512.0, ON_GPU)
-    if ON_GPU:
-        mag = tl.minimum(q, 448.0).to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        mag = mag.to(tl.int32)
-    else:
-        mag, _ = _e4m3_code(q)
-    byte = mag | (((h.to(tl.int32, bitcast=True) >> 31) & 1) << 7)
-    return tl.where(h != h, 0x7F, byte)
 
 
 @triton.jit
@@ -121,14 +110,11 @@ def _silu_mul_quant_kernel(
     col_start = pid_n * (BLOCK_N * NUM_CHUNKS)
     DT: tl.constexpr = tl.bfloat16 if IS_BF16 else x_ptr.dtype.element_ty
     scale = 1.0
-    inv_scale = 1.0
     if MODE == 1 or MODE == 3:
         scale = tl.load(scale_ptr)
-        inv_scale = tl.math.div_rn(1.0, scale)
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     nan_rows = tl.zeros([BLOCK_M], dtype=tl.int32)
     row_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
-    row_inv = tl.zeros([BLOCK_M], dtype=tl.float32)
     for p in tl.static_range(NPASS):
         for chunk in range(NUM_CHUNKS):
             cols = col_start + chunk * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -157,10 +143,11 @@ def _silu_mul_quant_kernel(
                         h = h32.to(out_ptr.dtype.element_ty)
                     tl.store(out_ptr + o_offs, h, mask=mask)
                 elif MODE == 1:
-                    tl.store(out_ptr + o_offs, _e4m3_of(h32, scale, inv_scale, ON_GPU).to(tl.uint8), mask=mask)
+                    code, _ = _e4m3_code(tl.math.div_rn(h32, tl.zeros_like(h32) + scale))
+                    tl.store(out_ptr + o_offs, code.to(tl.uint8), mask=mask)
                 elif MODE == 2:
-                    byte = _e4m3_of(h32, row_scale[:, None], row_inv[:, None], ON_GPU)
-                    tl.store(out_ptr + o_offs, byte.to(tl.uint8), mask=mask)
+                    code, _ = _e4m3_code(tl.math.div_rn(h32, tl.zeros_like(h32) + row_scale[:, None]))
+                    tl.store(out_ptr + o_offs, code.to(tl.uint8), mask=mask)
                 else:
                     NB: tl.constexpr = BLOCK_N // 16
                     hb = tl.reshape(h32, [BLOCK_M, NB, 16])
@@ -190,7 +177,6 @@ def _silu_mul_quant_kernel(
             amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)  # ModelOpt's 2^-24 guard
             row_scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)
             row_scale = tl.where(nan_rows > 0, float("nan"), row_scale)
-            row_inv = tl.math.div_rn(tl.full([BLOCK_M], 1.0, tl.float32), row_scale)
             tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
 
 
@@ -203,13 +189,16 @@ def _kernel_for(device: torch.device):
 
 
 def default_config(mode: str, M: int, N: int) -> dict:
-    """Tile sizes: rows x columns per program (per-token FP8 walks whole rows twice, one row per
-    program), warps, and whether the GPU uses the fast ``expf`` (exact after rounding silu to bf16:
-    checked for every bf16 gate value on the H200 by bench/silu_quant.py)."""
-    block_n = 1024 if N >= 1024 else max(16, triton.next_power_of_2(N))
+    """Rows x columns per program and warps: the fastest per mode of the sweep at 4096 x 12288 in
+    bench/results/silu_quant_h200_run2.json (per-token FP8 walks whole rows twice, one row per
+    program). ``fast_exp`` (libdevice ``fast_expf``) gave the same bytes for every bf16 gate value
+    there but is off by default: the timed table used the accurate ``expf``."""
     if mode == "fp8_dynamic":
-        return {"block_m": 1, "block_n": block_n, "num_warps": 4, "fast_exp": False}
-    return {"block_m": 4 if M >= 64 else 1, "block_n": block_n, "num_warps": 4, "fast_exp": False}
+        block_n = 2048 if N >= 2048 else max(16, triton.next_power_of_2(N))
+        return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": False}
+    block_n = 1024 if N >= 1024 else max(16, triton.next_power_of_2(N))
+    block_m = 2 if mode == "fp8_static" and M >= 64 else 1
+    return {"block_m": block_m, "block_n": block_n, "num_warps": 4, "fast_exp": False}
 
 
 def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
