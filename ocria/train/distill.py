@@ -76,11 +76,13 @@ def greedy_sequences(target: OCRiaForConditionalGeneration, batch: Batch, captur
 
 def sample_blocks(seq: Tensor, labels: Tensor, num_anchors: int, block: int, mask_id: int,
                   generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-    """Random anchors i with a known label at i+1. Returns anchors [B, nA], block ids [B, nA, Bs] and
-    block labels [B, nA, Bs-1] (IGNORE past the known greedy tokens)."""
+    """Random anchors i: generated tokens (known greedy label at i, so drafting starts after the first
+    answer token as at inference) followed by a known label at i+1. Returns anchors [B, nA], block
+    ids [B, nA, Bs] and block labels [B, nA, Bs-1] (IGNORE past the known greedy tokens)."""
     B, M = seq.shape
-    ok = torch.zeros_like(labels, dtype=torch.bool)
-    ok[:, :-1] = labels[:, 1:] != IGNORE
+    known = labels != IGNORE
+    ok = torch.zeros_like(known)
+    ok[:, :-1] = known[:, :-1] & known[:, 1:]
     weights = ok.float().cpu()
     empty = weights.sum(1) == 0
     weights[empty, 0] = 1.0  # a row without answer tokens gets a dummy anchor whose labels are all IGNORE
