@@ -1,15 +1,19 @@
 """Triton kernels for ReplaySSM: replay verification of Gated DeltaNet and the conv window rollback.
 
-``replay_verify``: one program per (value-head column tile, value head, batch row). It reads its
-``[Dk, BV]`` slice of the checkpoint state once, folds the slot's pending tokens into it as one
-chunk, writes it back once, then computes the T outputs from it as a second chunk without forming
-per-token states. Both chunks use the WY form of the delta rule, so the work is a handful of small
-matrix products plus a T x T forward substitution instead of T dependent rank-1 updates:
+``replay_verify``: one program per (value-column tile, value head, batch row). It reads its
+``[BV, Dk]`` slice of the checkpoint state (held transposed) once, folds the slot's pending tokens
+into it as one chunk, writes it back once, then computes the T outputs from it as a second chunk
+without forming per-token states. Both chunks use the WY form of the delta rule, so the work is a
+few matrix products with the state as the 64+-row operand (Hopper wgmma) plus a T x T forward
+substitution, instead of T dependent rank-1 updates:
 
     G_t = cumsum(g);  A_ij = beta_i exp(G_i - G_j) k_i.k_j  (j < i)
     (I + A) U = diag(beta) (V - diag(exp G) K S0)
     S_T = exp(G_T) S0 + (K * exp(G_T - G))^T U
     O   = diag(exp G) Q S0 + (mask_{j<=i} exp(G_i - G_j) Q K^T) U
+
+The T x T Gram matrices are summed over 32-wide key chunks so no thread holds a whole [T, Dk]
+operand; together with the transposed state this keeps the kernel free of register spills.
 
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
 writes what another one reads; the shared k/g/beta entries are written by the tile-0 program only.
@@ -23,8 +27,10 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 
-# tf32x3 keeps fp32 accuracy on tensor cores (three tf32 products); plain tf32 would cost ~3e-4.
-DOT_PRECISION = "tf32x3"
+# Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
+# products) keeps fp32 accuracy; one tf32 product (~5e-4 relative) is below bf16's own rounding.
+DOT_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
+KEY_CHUNK = 32
 
 
 @triton.jit
@@ -33,14 +39,27 @@ def _softplus(x):
 
 
 @triton.jit
-def _tril_inverse(K, gc, beta, n_rows, TP: tl.constexpr, PREC: tl.constexpr):
-    """(I + A)^-1 with A_ij = beta_i exp(G_i - G_j) k_i.k_j (j < i), by forward substitution.
+def _gram(x_rows, y_rows, m_rows, DK: tl.constexpr, BKC: tl.constexpr, NC: tl.constexpr, TP: tl.constexpr,
+          PREC: tl.constexpr):  # fmt: skip
+    """[TP, TP] matrix of row dot products x_i.y_j, summed over NC key chunks of BKC columns."""
+    rc = tl.arange(0, BKC)
+    acc = tl.zeros([TP, TP], dtype=tl.float32)
+    for c in tl.static_range(NC):
+        m = m_rows[:, None] & (c * BKC + rc < DK)[None, :]
+        x = tl.load(x_rows[:, None] + c * BKC + rc[None, :], mask=m, other=0.0).to(tl.float32)
+        y = tl.load(y_rows[:, None] + c * BKC + rc[None, :], mask=m, other=0.0).to(tl.float32)
+        acc += tl.dot(x, tl.trans(y), input_precision=PREC)
+    return acc
 
-    It does not depend on the state, so its serial row loop runs while the state tile is in flight.
+
+@triton.jit
+def _tril_inverse(kk, gc, beta, n_rows, TP: tl.constexpr):
+    """(I + A)^-1 with A_ij = beta_i exp(G_i - G_j) kk_ij (j < i), by forward substitution.
+
+    It does not depend on the state, so its serial row loop can run while the state is in flight.
     """
     ri = tl.arange(0, TP)
     lower = ri[:, None] > ri[None, :]
-    kk = tl.dot(K, tl.trans(K), input_precision=PREC)
     A = tl.where(lower, beta[:, None] * tl.exp(tl.where(lower, gc[:, None] - gc[None, :], 0.0)) * kk, 0.0)
     inv = tl.where(ri[:, None] == ri[None, :], 1.0, 0.0)
     for i in range(1, n_rows):
@@ -50,19 +69,12 @@ def _tril_inverse(K, gc, beta, n_rows, TP: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _solve_u(inv, S, K, V, gc, beta, PREC: tl.constexpr):
-    """U = (I + A)^-1 diag(beta) (V - diag(exp G) K S)."""
-    rhs = beta[:, None] * (V - tl.exp(gc)[:, None] * tl.dot(K, S, input_precision=PREC))
-    return tl.dot(inv, rhs, input_precision=PREC)
-
-
-@triton.jit
 def _replay_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_ptr, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
     o_ptr, T, Tmax, scale, eps,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = i_h // (HV // HK)
@@ -74,31 +86,41 @@ def _replay_verify_kernel(
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     mk, mv = rk < DK, rv < DV
-    ms = mk[:, None] & mv[None, :]
+    ms = mv[:, None] & mk[None, :]
+    NC: tl.constexpr = BK // BKC
 
-    # Checkpoint state slice [BK, BV], read once; everything below that does not need it goes first.
-    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[:, None]) * DV + rv[None, :]
-    S = tl.load(s_ptrs, mask=ms, other=0.0)
+    # Transposed checkpoint state slice St [BV, BK], read once.
+    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
+    St = tl.load(s_ptrs, mask=ms, other=0.0)
 
-    # Pending tokens (ring half `phase`).
+    # Fold the n pending tokens (ring half `phase`) and write the state once.
     tok = (slot * 2 + phase) * Tmax + rt
     mp = rt < n
-    Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
-    Vp = tl.load(ring_v_ptr + (tok[:, None] * HV + i_h) * DV + rv[None, :], mask=mp[:, None] & mv[None, :], other=0.0)
     gp = tl.load(ring_g_ptr + tok * HV + i_h, mask=mp, other=0.0)
     bp = tl.load(ring_beta_ptr + tok * HV + i_h, mask=mp, other=0.0)
     gcp = tl.cumsum(gp, 0)
+    kp_rows = ring_k_ptr + (tok * HK + hk) * DK
+    inv_p = _tril_inverse(_gram(kp_rows, kp_rows, mp, DK, BKC, NC, TP, PREC), gcp, bp, n, TP)
+    Kp = tl.load(kp_rows[:, None] + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
+    VpT = tl.load(ring_v_ptr + (tok[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mp[None, :], other=0.0)
+    X = tl.dot(St, tl.trans(Kp), input_precision=PREC)
+    UpT = tl.dot(bp[None, :] * (VpT - tl.exp(gcp)[None, :] * X), tl.trans(inv_p), input_precision=PREC)
+    g_tot = tl.sum(gp, 0)
+    St = St * tl.exp(g_tot) + tl.dot(UpT, Kp * tl.exp(g_tot - gcp)[:, None], input_precision=PREC)
+    tl.store(s_ptrs, St, mask=ms)
 
-    # The T new tokens: L2-norm and gates.
+    # The T new tokens: L2-norm, gates, then outputs from the folded state.
     mt = rt < T
     row = (i_b * T + rt).to(tl.int64)
     mtk = mt[:, None] & mk[None, :]
-    K = tl.load(k_ptr + (row[:, None] * HK + hk) * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-    Q = tl.load(q_ptr + (row[:, None] * HK + hk) * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-    V = tl.load(v_ptr + (row[:, None] * HV + i_h) * DV + rv[None, :], mask=mt[:, None] & mv[None, :], other=0.0)
-    V = V.to(tl.float32)
-    K = K * tl.rsqrt(tl.sum(K * K, 1) + eps)[:, None]
-    Q = Q * (tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale)[:, None]
+    k_rows = k_ptr + (row * HK + hk) * DK
+    q_rows = q_ptr + (row * HK + hk) * DK
+    Kn = tl.load(k_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+    rn_k = tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)
+    Kn = Kn * rn_k[:, None]
+    Q = tl.load(q_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+    rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
+    Q = Q * rn_q[:, None]
     a = tl.load(a_ptr + row * HV + i_h, mask=mt, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + row * HV + i_h, mask=mt, other=0.0).to(tl.float32)
     A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
@@ -106,32 +128,28 @@ def _replay_verify_kernel(
     g = tl.where(mt, -tl.exp(A_log) * _softplus(a + dt_bias), 0.0)
     beta = tl.where(mt, tl.sigmoid(b), 0.0)
     gc = tl.cumsum(g, 0)
-    inv_p = _tril_inverse(Kp, gcp, bp, n, TP, PREC)
-    inv = _tril_inverse(K, gc, beta, T, TP, PREC)
-
-    # Fold the pending tokens and write the state once.
-    Up = _solve_u(inv_p, S, Kp, Vp, gcp, bp, PREC)
-    g_tot = tl.sum(gp, 0)
-    S = S * tl.exp(g_tot) + tl.dot(tl.trans(Kp * tl.exp(g_tot - gcp)[:, None]), Up, input_precision=PREC)
-    tl.store(s_ptrs, S, mask=ms)
-
-    # Outputs of the new tokens from the folded state; their own states are never formed.
-    U = _solve_u(inv, S, K, V, gc, beta, PREC)
+    kk = _gram(k_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_k[:, None] * rn_k[None, :]
+    inv = _tril_inverse(kk, gc, beta, T, TP)
     causal = rt[:, None] >= rt[None, :]
-    qk = tl.dot(Q, tl.trans(K), input_precision=PREC)
+    qk = _gram(q_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_q[:, None] * rn_k[None, :]
     P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
-    O = tl.exp(gc)[:, None] * tl.dot(Q, S, input_precision=PREC) + tl.dot(P, U, input_precision=PREC)
-    o_ptrs = o_ptr + (row[:, None] * HV + i_h) * DV + rv[None, :]
-    tl.store(o_ptrs, O.to(o_ptr.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+    VT = tl.load(v_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
+    VT = VT.to(tl.float32)
+    X = tl.dot(St, tl.trans(Kn), input_precision=PREC)
+    UT = tl.dot(beta[None, :] * (VT - tl.exp(gc)[None, :] * X), tl.trans(inv), input_precision=PREC)
+    Y = tl.dot(St, tl.trans(Q), input_precision=PREC)
+    OT = tl.exp(gc)[None, :] * Y + tl.dot(UT, tl.trans(P), input_precision=PREC)
+    o_ptrs = o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None]
+    tl.store(o_ptrs, OT.to(o_ptr.dtype.element_ty), mask=mv[:, None] & mt[None, :])
 
     # Park the new tokens in ring half 1 - phase; shared k/g/beta entries have a single writer.
     park = (slot * 2 + 1 - phase) * Tmax + rt
-    tl.store(ring_v_ptr + (park[:, None] * HV + i_h) * DV + rv[None, :], V, mask=mt[:, None] & mv[None, :])
+    tl.store(ring_v_ptr + (park[None, :] * HV + i_h) * DV + rv[:, None], VT, mask=mv[:, None] & mt[None, :])
     if i_v == 0:
         tl.store(ring_g_ptr + park * HV + i_h, g, mask=mt)
         tl.store(ring_beta_ptr + park * HV + i_h, beta, mask=mt)
         if i_h % (HV // HK) == 0:
-            tl.store(ring_k_ptr + (park[:, None] * HK + hk) * DK + rk[None, :], K, mask=mtk)
+            tl.store(ring_k_ptr + (park[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
 
 
 @triton.jit
@@ -189,7 +207,7 @@ def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
-    block_v: int | None = None, num_warps: int = 4,
+    block_v: int = 64, num_warps: int = 8, precision: str | None = None,
 ) -> Tensor:  # fmt: skip
     """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32."""
     B, T, Hk, Dk = k.shape
@@ -205,14 +223,15 @@ def replay_verify_kernel(
     o = torch.empty_like(v)
     if B == 0:
         return o
-    BV = block_v or min(32, triton.next_power_of_2(Dv))
-    BV = max(BV, 16)
+    BV = max(16, min(block_v, triton.next_power_of_2(Dv)))
+    BK = max(16, triton.next_power_of_2(Dk))
     TP = max(16, triton.next_power_of_2(Tmax))
     grid = (triton.cdiv(Dv, BV), Hv, B)
     _replay_verify_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len,
         slot_ids, o, T, Tmax, Dk**-0.5, 1e-6,
-        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=max(16, triton.next_power_of_2(Dk)), BV=BV, TP=TP, PREC=DOT_PRECISION,
+        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
+        PREC=precision or DOT_PRECISION[v.dtype],
         num_warps=num_warps,
     )  # fmt: skip
     return o
