@@ -260,6 +260,21 @@ def test_bad_input_is_refused_and_the_server_stays_ready(server, image, case):
     assert client.complete(image, max_tokens=3).final
 
 
+def test_inconsistent_engine_inputs_fail_alone(server, image):
+    """Direct requests to the engine model are checked before they reach the shared loop."""
+    client = Client(server.url, timeout_s=60)
+    ids = _input("input_ids", np.array([[1, 99999]], np.int64), "INT64")
+    pixels = _input("pixel_values", np.zeros((1, 4, 1536), np.float32), "FP32")
+    grid = _input("image_grid_thw", np.array([[1, 2, 2]], np.int64), "INT64")
+    with pytest.raises(ServerError, match=r"input_ids outside the vocabulary \[0, 512\)"):
+        list(client.stream([ids, pixels, grid], model="ocria_engine"))
+    ids = _input("input_ids", np.array([[1, 2]], np.int64), "INT64")
+    with pytest.raises(ServerError, match="image tokens in input_ids do not match|number of image tokens"):
+        list(client.stream([ids, pixels, grid], model="ocria_engine"))
+    assert server.http("/v2/models/ocria_engine/ready") == 200
+    assert client.complete(image, max_tokens=3).final
+
+
 def test_metrics_after_requests(server, image):
     before = server.metrics()
     Client(server.url).complete(image, max_tokens=6, temperature=0.9, seed=1)

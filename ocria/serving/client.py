@@ -8,6 +8,7 @@ request on the server (its sequence slot is freed within the engine's cancellati
 from __future__ import annotations
 
 import queue
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -114,8 +115,9 @@ class Client:
 
 
 def _message(error) -> str:
-    text = error.message() if hasattr(error, "message") else str(error)
-    return " ".join(str(text).split())
+    """One line; without the "in ensemble 'ocria', " prefix Triton puts before a step's own message."""
+    text = " ".join(str(error.message() if hasattr(error, "message") else error).split())
+    return re.sub(r"^in ensemble '[^']*', ", "", text)
 
 
 def _chunk(result, final: bool) -> Chunk:

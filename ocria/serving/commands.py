@@ -60,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="ocria-serve-") as tmp:
         repo = Path(args.repo) if args.repo else Path(tmp) / "repo"
         if repo.exists():
-            validate_repo(repo)
+            _check_repo_engine(validate_repo(repo), Path(args.engine), repo)
         else:
             write_repo(repo, RepoOptions(Path(args.engine), args.instances, args.max_batch, args.device))
             print(f"model repository written to {repo}", flush=True)
@@ -88,6 +88,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             rc = server.stop()
         print(f"tritonserver stopped (exit code {rc})")
     return 0
+
+
+def _check_repo_engine(configs: dict, engine: Path, repo: Path) -> None:
+    served = configs["ocria_engine"].parameters["engine_dir"].string_value
+    if Path(served) != engine.resolve():
+        raise OcriaError(f"{repo} serves {served}, not {engine}: rebuild it with ocria-build triton-repo --force")
 
 
 def _model_ready(http_url: str, model: str) -> bool:

@@ -125,6 +125,7 @@ class TritonPythonModel:
         if not self.loop.alive:
             raise OcriaError(f"engine loop is not running: {self.loop.error}")
         prompt = self._prompt(get)
+        self._check_prompt(prompt)
         params, given = protocol.sampling_params(get)
         if not given:
             room = self.engine.max_seq_len - prompt.input_ids.numel()
@@ -147,6 +148,20 @@ class TritonPythonModel:
         return PreparedPrompt(input_ids=torch.from_numpy(ids.astype(np.int64)),
                               pixel_values=torch.from_numpy(pixels.astype(np.float32)),
                               image_grid_thw=torch.from_numpy(grid.astype(np.int64)).reshape(1, 3))
+
+    def _check_prompt(self, prompt: PreparedPrompt) -> None:
+        """Refuse inconsistent prompt tensors here: inside the shared loop they would fail every request."""
+        ids, grid = prompt.input_ids, prompt.image_grid_thw
+        vocab = self.engine.target.text_config.vocab_size
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+            raise OcriaError(f"input_ids outside the vocabulary [0, {vocab})")
+        proc = self.engine.processor
+        patches = int(grid.prod())
+        if int(grid.min()) <= 0 or patches % proc.merge**2 or prompt.pixel_values.shape[0] != patches:
+            raise OcriaError(f"pixel_values {list(prompt.pixel_values.shape)} do not match image_grid_thw "
+                             f"{grid.tolist()[0]}")
+        if int((ids == proc.image_token_id).sum()) != patches // proc.merge**2:
+            raise OcriaError("the number of image tokens in input_ids does not match image_grid_thw")
 
     def finalize(self):
         self.loop.stop()
