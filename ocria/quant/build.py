@@ -19,7 +19,7 @@ from ocria.quant.accuracy import accuracy_report, format_report, teacher_pass
 from ocria.quant.calibrate import Sample, calibration_set, check_calib_spec, forward_loop, heldout_set
 from ocria.quant.export import export_target, storage_tensors
 from ocria.quant.load import load_quantized_target, quantized_layers
-from ocria.quant.recipe import FORMAT_BITS, VISION, Recipe, quantizable
+from ocria.quant.recipe import FORMAT_BITS, Recipe
 from ocria.runtime.processor import Processor
 
 CALIB_DECODE_STEPS = 8
@@ -52,8 +52,7 @@ def _auto_quantize(model: OCRiaForConditionalGeneration, recipe: Recipe, samples
 
     modules = dict(model.named_modules())
     searchable = [n for n, f in recipe.formats(modules).items() if f != "bf16"]
-    disabled = [n for n in quantizable(modules, allow_vision=True) if n not in searchable]
-    disabled += [VISION.replace(".*", "*"), "*lm_head*", "*embed_tokens*"]
+    disabled = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear) and n not in searchable]
     formats = list(recipe.auto.formats)
     if not _cuda(model) and "nvfp4" in formats:
         formats.remove("nvfp4")

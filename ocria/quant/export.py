@@ -75,7 +75,10 @@ def export_target(target: OCRiaForConditionalGeneration, directory: Path) -> Pat
     from modelopt.torch.export import export_hf_checkpoint
 
     directory.mkdir(parents=True, exist_ok=True)
-    export_hf_checkpoint(ExportView(target), dtype=torch.bfloat16, export_dir=directory)
+    # Quantize from the weights' own dtype: exporting an fp32 model "as bf16" would divide by the
+    # scale in bf16 and round twice (bf16, then E4M3), unlike ModelOpt's fake quantization.
+    dtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
+    export_hf_checkpoint(ExportView(target), dtype=dtype, export_dir=directory)
     return directory
 
 

@@ -25,12 +25,23 @@ from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
 TENSOR_SUFFIXES = ("weight", "bias", "weight_scale", "weight_scale_2", "input_scale")
 
 
-class QuantSwiGLU(nn.Module):
-    """``down(silu(gate(x)) * up(x))`` with gate and up stacked into one quantized GEMM."""
+def _rows(fused: QuantLinear, source: QuantLinear, start: int) -> QuantLinear:
+    """``source`` again, its weight (and NVFP4 block scales) as views into ``fused``: no second copy."""
+    stop = start + source.out_features
+    ws = fused.weight_scale[start:stop] if source.fmt == "nvfp4" else source.weight_scale
+    return QuantLinear(source.fmt, fused.weight[start:stop], source.bias, ws, source.weight_scale_2,
+                       source.input_scale, name=source.name)
 
-    def __init__(self, gate_up: QuantLinear, down: QuantLinear):
+
+class QuantSwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` with gate and up stacked into one quantized GEMM; ``gate_proj``
+    and ``up_proj`` stay reachable under their HF names as views of it."""
+
+    def __init__(self, gate: QuantLinear, up: QuantLinear, down: QuantLinear, name: str):
         super().__init__()
-        self.gate_up, self.down_proj = gate_up, down
+        self.gate_up = QuantLinear.concat([gate, up], name=f"{name}.gate_up")
+        self.gate_proj, self.up_proj = _rows(self.gate_up, gate, 0), _rows(self.gate_up, up, gate.out_features)
+        self.down_proj = down
 
     def forward(self, x: Tensor) -> Tensor:
         return mlp_forward(x, self.gate_up, self.down_proj)
@@ -96,4 +107,4 @@ def _fuse_mlps(model: nn.Module, linears: dict[str, QuantLinear]) -> None:
             continue
         if gate.fmt == "nvfp4" and not torch.equal(gate.weight_scale_2, up.weight_scale_2):
             continue
-        _set(model, name, QuantSwiGLU(QuantLinear.concat([gate, up], name=f"{name}.gate_up"), down))
+        _set(model, name, QuantSwiGLU(gate, up, down, name))

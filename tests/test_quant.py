@@ -1,0 +1,255 @@
+"""Quantized engines: every shipped recipe builds and runs (spec == ar), exported tensors follow the
+ModelOpt unified layout, protected layers stay BF16, our dequantization equals ModelOpt's fake
+quantization, the accuracy report is measured, and bad recipes are refused before any work."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import ocria.quant.build as qbuild
+from ocria.builder.engine import build_engine
+from ocria.builder.presets import load_preset, preset_checkpoints
+from ocria.cli import build_main
+from ocria.errors import OcriaError
+from ocria.models import OCRiaForConditionalGeneration
+from ocria.quant.accuracy import cer, edit_distance
+from ocria.quant.export import layer_formats, read_quant_config
+from ocria.quant.recipe import PROTECTED, RECIPE_DIR, load_recipe
+from ocria.runtime import SamplingParams, load_engine
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
+SHIPPED = ("bf16", "fp8", "nvfp4", "mixed", "auto")
+PROTECTED_PREFIXES = ("model.visual.", "model.language_model.embed_tokens.", "lm_head.")
+
+
+@pytest.fixture(scope="module")
+def small_sizes():
+    mp = pytest.MonkeyPatch()
+    mp.setattr(qbuild, "HELDOUT_DOCS", 1)
+    mp.setattr(qbuild, "HELDOUT_DECODE_STEPS", 6)
+    mp.setattr(qbuild, "CALIB_DECODE_STEPS", 2)
+    yield
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory, small_sizes):
+    root = tmp_path_factory.mktemp("quant")
+    out = {name: build_engine(root / name, recipe=name, calib="synthetic:4", progress=False) for name in SHIPPED}
+    # the bf16 recipe given as a YAML path goes through the quantization pipeline with nothing to quantize
+    out["bf16-yaml"] = build_engine(root / "bf16-yaml", recipe=str(RECIPE_DIR / "bf16.yaml"), calib="synthetic:2",
+                                    progress=False)
+    return out
+
+
+def _tensors(engine: Path) -> dict[str, torch.Tensor]:
+    with safe_open(engine / "target" / "model.safetensors", framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def _mini_modules() -> dict:
+    spec = load_preset("ocria-mini")
+    from ocria.models import OCRiaConfig
+
+    with torch.device("meta"):
+        model = OCRiaForConditionalGeneration(OCRiaConfig.from_dict(spec.target))
+    return dict(model.named_modules())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_recipe_engine_runs_and_spec_equals_ar(engines, name):
+    engine = load_engine(engines[name])
+    out = {}
+    for mode in ("spec", "ar"):
+        out[mode] = [t for ev in engine.generate(EXAMPLE, None, SamplingParams(max_tokens=12, mode=mode))
+                     for t in ev.token_ids]
+    assert len(out["ar"]) > 0
+    assert out["spec"] == out["ar"]
+    manifest = json.loads((engines[name] / "manifest.json").read_text())
+    assert manifest["recipe"] == name
+    assert (engines[name] / "accuracy.json").is_file() == (name != "bf16")
+
+
+def test_exported_layout_matches_modelopt_unified_format(engines):
+    modules = _mini_modules()
+    for name, algo in (("fp8", "FP8"), ("nvfp4", "NVFP4"), ("mixed", "MIXED_PRECISION")):
+        engine = engines[name]
+        quant = read_quant_config(engine / "target")
+        assert quant["quant_algo"] == algo
+        planned = {n: f for n, f in load_recipe(name).formats(modules).items() if f != "bf16"}
+        if algo == "MIXED_PRECISION":
+            assert layer_formats(quant) == planned
+            assert set(planned.values()) == {"fp8", "nvfp4"}
+        else:
+            assert set(planned.values()) == {algo.lower()}
+        config = json.loads((engine / "target" / "config.json").read_text())
+        assert config["quantization_config"]["quant_algo"] == algo
+        tensors = _tensors(engine)
+        for layer, fmt in planned.items():
+            n, k = modules[layer].weight.shape
+            w, ws, s_in = tensors[f"{layer}.weight"], tensors[f"{layer}.weight_scale"], tensors[f"{layer}.input_scale"]
+            assert s_in.dtype == torch.float32 and s_in.shape == () and float(s_in) > 0
+            if fmt == "fp8":
+                assert w.dtype == torch.float8_e4m3fn and w.shape == (n, k)
+                assert ws.dtype == torch.float32 and ws.shape == ()
+                assert f"{layer}.weight_scale_2" not in tensors
+            else:
+                assert w.dtype == torch.uint8 and w.shape == (n, k // 2)
+                assert ws.dtype == torch.float8_e4m3fn and ws.shape == (n, k // 16)
+                ws2 = tensors[f"{layer}.weight_scale_2"]
+                assert ws2.dtype == torch.float32 and ws2.shape == ()
+        # everything else is BF16, and the tied head is stored once
+        quantized = {f"{layer}.{s}" for layer in planned for s in ("weight", "weight_scale", "weight_scale_2",
+                                                                      "input_scale")}
+        assert all(t.dtype == torch.bfloat16 for k, t in tensors.items() if k not in quantized)
+        assert "lm_head.weight" not in tensors
+
+
+def test_protected_layers_stay_bf16(engines):
+    for name in SHIPPED:
+        tensors = _tensors(engines[name])
+        protected = [k for k in tensors if k.startswith(PROTECTED_PREFIXES)
+                     or any(p in k for p in ("in_proj_a.", "in_proj_b.", "conv1d.", "norm."))]
+        assert any(k.startswith("model.visual.") for k in protected)
+        for k in protected:
+            assert tensors[k].dtype == torch.bfloat16, (name, k)
+            assert not k.endswith(("_scale", "_scale_2")), (name, k)
+    assert PROTECTED  # the recipe module's list is what the engines were built with
+
+
+def test_dequantization_equals_modelopt_fake_quant(tmp_path, small_sizes):
+    """FP8: ModelOpt's own weight fake quantizer (it runs on CPU) is the reference: the exported E4M3
+    codes are its codes, and our dequantized values equal its values to the last bit of the scale
+    (it multiplies by ``1 / (448 / amax)``, the format stores ``amax / 448``; they can differ by one
+    ulp). NVFP4: ModelOpt's fake quantizer needs CUDA, so the reference is its CPU pieces on the same
+    quantizer state (``NVFP4QTensor.get_weights_scaling_factor(_2)_from_quantizer`` + ``quantize`` +
+    ``dequantize``), matched bit for bit."""
+    import modelopt.torch.quantization as mtq
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    from ocria.quant.calibrate import calibration_set, forward_loop
+    from ocria.quant.export import export_target
+    from ocria.quant.load import load_quantized_target
+    from ocria.quant.modelopt_cfg import quant_cfg
+    from ocria.runtime.processor import Processor
+
+    spec = load_preset("ocria-mini")
+    target_dir, _ = preset_checkpoints(spec, tmp_path / "src")
+    model = OCRiaForConditionalGeneration.from_pretrained(target_dir)
+    recipe = load_recipe("mixed")
+    mtq.quantize(model, quant_cfg(recipe), forward_loop(calibration_set("synthetic:1", Processor(spec.assets)), 1))
+    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+
+    from ocria.quant.export import ExportView
+
+    with torch.no_grad():
+        requantize_resmooth_fused_llm_layers(ExportView(model))  # the scale unification export applies
+    reference = {}
+    for name, module in model.named_modules():
+        wq = getattr(module, "weight_quantizer", None)
+        if wq is None or not wq.is_enabled:
+            continue
+        w = module.weight.detach().float()
+        if wq.num_bits == (4, 3):
+            with torch.no_grad():
+                reference[name] = ("fp8", wq(w), 1 / (448.0 / wq.amax.float()))
+        else:
+            ws2 = NVFP4QTensor.get_weights_scaling_factor_2_from_quantizer(wq)
+            ws = NVFP4QTensor.get_weights_scaling_factor_from_quantizer(wq, w, ws2)[0]
+            qt, ws, ws2 = NVFP4QTensor.quantize(w, 16, ws, ws2)
+            reference[name] = ("nvfp4", qt.dequantize(torch.float32, scale=ws, double_scale=ws2,
+                                                      block_sizes={-1: 16}), None)
+    assert {r[0] for r in reference.values()} == {"fp8", "nvfp4"}
+    export_target(model, tmp_path / "q")
+    loaded = load_quantized_target(tmp_path / "q", dtype=torch.float32)
+    linears = {n: m for n, m in loaded.named_modules() if hasattr(m, "dequantized_weight")}
+    for name, (fmt, ref, scale_inv) in reference.items():
+        layer = linears[name]  # gate/up keep their names as views of the fused gate_up GEMM
+        assert layer.fmt == fmt
+        ours = layer.dequantized_weight(torch.float32)
+        if fmt == "nvfp4":
+            assert torch.equal(ours, ref), name
+        else:
+            codes = (ref / scale_inv).to(torch.float8_e4m3fn)
+            assert torch.equal(layer.weight.view(torch.uint8), codes.view(torch.uint8)), name
+            assert torch.allclose(ours, ref, rtol=2.0**-22, atol=0.0), name
+
+
+def test_accuracy_report(engines):
+    report = json.loads((engines["mixed"] / "accuracy.json").read_text())
+    s = report["summary"]
+    for key in ("teacher_forced_agreement", "free_running_agreement", "mean_abs_logit_error", "max_abs_logit_error",
+                "cer_bf16", "cer_quantized"):
+        assert key in s
+    assert 0.0 <= s["teacher_forced_agreement"] <= 1.0
+    assert s["max_abs_logit_error"] > 0.0  # quantization changed the logits, and it was measured
+    assert report["layers"]["nvfp4"] > 0 and report["layers"]["fp8"] > 0
+    assert any("max statistics" in n for n in report["notes"])
+    assert report["calibration"]["documents"] == 4
+    # identical model: the pipeline measures exactly zero error and full agreement
+    same = json.loads((engines["bf16-yaml"] / "accuracy.json").read_text())["summary"]
+    assert same["mean_abs_logit_error"] == 0.0 and same["max_abs_logit_error"] == 0.0
+    assert same["teacher_forced_agreement"] == 1.0 and same["free_running_agreement"] == 1.0
+    assert same["cer_bf16"] == same["cer_quantized"]
+    assert not (engines["bf16-yaml"] / "target" / "hf_quant_config.json").exists()
+
+
+def test_auto_recipe_searches_under_budget(engines, tmp_path, small_sizes):
+    report = json.loads((engines["auto"] / "accuracy.json").read_text())
+    assert report["auto"]["score"] == "kl_div"
+    recipe = tmp_path / "auto12.yaml"
+    recipe.write_text("name: auto12\nrules:\n  - {match: 'model.language_model.layers.*', format: fp8}\n"
+                      "auto: {effective_bits: 12.0, formats: [fp8]}\n")
+    engine = build_engine(tmp_path / "e", recipe=str(recipe), calib="synthetic:2", progress=False)
+    formats = json.loads((engine / "accuracy.json").read_text())["layer_formats"]  # read back from the tensors
+    modules = _mini_modules()
+    searched = load_recipe(str(recipe)).formats(modules)
+    numel = {n: modules[n].weight.numel() for n in searched}
+    bits = sum(numel[n] * (8 if formats.get(n) == "fp8" else 16) for n in searched) / sum(numel.values())
+    assert bits <= 12.0 + 1e-6
+    assert 0 < sum(1 for f in formats.values() if f == "fp8") < len(searched)  # a real mix, not all or nothing
+
+
+def test_cer():
+    assert edit_distance("kitten", "sitting") == 3
+    assert cer("abc", "abc") == 0.0 and cer("", "abcd") == 1.0
+
+
+BAD = {
+    "unknown format": ("rules:\n  - {match: 'model.language_model.layers.*', format: int3}\n", "unknown format"),
+    "glob matches nothing": ("rules:\n  - {match: '*.mpl.*', format: fp8}\n", "matches no module"),
+    "vision": ("rules:\n  - {match: 'model.visual.*', format: fp8}\n", "--allow-vision-quant"),
+    "everything incl. vision": ("rules:\n  - {match: '*', format: nvfp4}\n", "--allow-vision-quant"),
+    "only protected": ("rules:\n  - {match: 'lm_head', format: fp8}\n", "stay BF16"),
+    "bad budget": ("rules: []\nauto: {effective_bits: 2.0}\n", "effective_bits"),
+    "unknown key": ("rule: []\n", "unknown recipe keys"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_recipe_refused_before_any_work(tmp_path, case):
+    text, message = BAD[case]
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"name: bad\n{text}")
+    with pytest.raises(OcriaError, match=message):
+        build_engine(tmp_path / "out", recipe=str(path), calib="synthetic:1", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing started, nothing left
+
+
+def test_bad_recipe_cli_and_vision_opt_in(tmp_path, capsys):
+    assert build_main(["engine", "--out", str(tmp_path / "x"), "--recipe", "nope"]) == 2
+    assert "unknown quantization recipe 'nope'" in capsys.readouterr().err
+    vision = tmp_path / "vision.yaml"
+    vision.write_text("name: vision\nrules:\n  - {match: 'model.visual.blocks.*', format: fp8}\n")
+    recipe = load_recipe(str(vision), allow_vision_quant=True)
+    formats = recipe.formats(_mini_modules())
+    assert formats["model.visual.blocks.0.attn.qkv"] == "fp8"
+    assert formats["model.language_model.layers.0.mlp.up_proj"] == "bf16"
+    # a glob that fits the architecture but not this model is refused against the real module names
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: deep\nrules:\n  - {match: 'model.language_model.layers.40.*', format: fp8}\n")
+    with pytest.raises(OcriaError, match="matches no module of the target"):
+        load_recipe(str(deep)).check(_mini_modules())
