@@ -375,6 +375,8 @@ def main() -> int:
                 all_ok &= ok
                 results["lossless"].append({"batch": rows, "mode": mode, "ok": ok, "rows": report})
             results["runs"].append(row)
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(results, indent=2) + "\n")  # partial results survive a timeout
             torch.cuda.empty_cache()
             print(f"B={rows:3d} {mode:7s} step {row['step_ms']:7.3f} ms  host {row['host_ms_per_step']:6.3f} ms  "
                   f"tau {row['mean_acceptance_length']:5.2f}  {row['tokens_per_s']:9.1f} tok/s  "
