@@ -175,7 +175,7 @@ def rel_err(got, want) -> float:
     return float((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-30))
 
 
-def check_correctness(heads, device, steps=3, B=4, Tmax=16, KW=4):
+def check_correctness(heads, device, config, steps=3, B=4, Tmax=16, KW=4):
     """Kernels vs replay_verify_ref / causal_conv_verify_ref on float64 buffers, several steps in a row."""
     Hk, Hv, D = heads
     C = 2 * Hk * D + Hv * D
@@ -192,7 +192,7 @@ def check_correctness(heads, device, steps=3, B=4, Tmax=16, KW=4):
         for step in range(steps):
             T = [Tmax, 1, 7][step % 3]
             inp, x = make_inputs(B, T, Hk, Hv, D, D, C, dtype, device, gen)
-            o = K.replay_verify_kernel(**inp, **bufs, slot_ids=slots)
+            o = K.replay_verify_kernel(**inp, **bufs, slot_ids=slots, **config)
             o64 = R.replay_verify_ref(**{k: t.double() for k, t in inp.items()}, **bufs64, slot_ids=slots)
             y = K.causal_conv_verify_kernel(x, conv_w, conv_buf, bufs["pending_len"], slots)
             y64 = R.causal_conv_verify_ref(x.double(), conv_w.double(), conv64, bufs64["pending_len"], slots)
@@ -265,7 +265,7 @@ def bench_row(B, T, heads, dtype, device, bw, config, fla_fn, rotate_bytes, base
     return row
 
 
-def cross_check(heads, device, fla_fn):
+def cross_check(heads, device, fla_fn, config):
     """Same tokens from the same state (nothing pending): ours vs the snapshot kernel vs fla, fp32."""
     Hk, Hv, D = heads
     B, T = 2, 16
@@ -274,7 +274,7 @@ def cross_check(heads, device, fla_fn):
     inp, _ = make_inputs(B, T, Hk, Hv, D, D, 1, torch.float32, device, gen)
     src = bufs["state"].clone()
     idx = torch.arange(B, device=device, dtype=torch.int32)
-    ours = K.replay_verify_kernel(**inp, **bufs, slot_ids=idx)
+    ours = K.replay_verify_kernel(**inp, **bufs, slot_ids=idx, **config)
     snap = torch.empty(B, T, Hv, D, D, device=device)
     out = {"snapshot_vs_ours": rel_err(snapshot_verify(**inp, src=src, src_idx=idx, snap=snap, dst_idx=idx), ours)}
     if fla_fn is None:
@@ -299,6 +299,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--ts", type=int, nargs="+", default=[1, 8, 16])
     p.add_argument("--rotate-mib", type=int, default=1024, help="distinct memory each timed graph touches")
+    p.add_argument("--configs", nargs="+", default=["128x8", "64x4"], help="BVxWARPS tile configs to sweep")
     p.add_argument("--sweep", type=int, nargs="+", default=[32, 8, 16], help="batch and T of the config sweep")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -313,8 +314,9 @@ def main() -> None:
         heads=dict(Hk=heads[0], Hv=heads[1], Dk=heads[2], Dv=heads[2]), state_dtype="float32", input_dtype="bfloat16",
     )  # fmt: skip
 
-    result["correctness"] = check_correctness(heads, device)
-    result["cross_check_fp32"] = cross_check(heads, device, fla_fn)
+    configs = [dict(zip(("block_v", "num_warps"), map(int, c.split("x")), strict=True)) for c in args.configs]
+    result["correctness"] = check_correctness(heads, device, configs[0])
+    result["cross_check_fp32"] = cross_check(heads, device, fla_fn, configs[0])
     result["dot_precision"] = {str(k).removeprefix("torch."): v for k, v in K.DOT_PRECISION.items()}
     print(json.dumps(result["correctness"], indent=1), json.dumps(result["cross_check_fp32"]))
 
@@ -325,15 +327,13 @@ def main() -> None:
 
     # Small sweep of tile shape / warps / dot precision on one row; the best runs the table.
     sweep = []
-    for bv, warps, prec in [(64, 8, None), (128, 8, None), (64, 4, None), (32, 4, None), (64, 8, "tf32x3")]:
-        config = dict(block_v=bv, num_warps=warps, precision=prec)
+    for config in configs:
         row = bench_row(args.sweep[0], args.sweep[1], heads, torch.bfloat16, device, bw, config, None, rotate,
                         baselines=False)  # fmt: skip
         sweep.append(dict(config, us=row["ours_us"], floor_us=row["floor_us"]))
-        print(f"sweep BV={bv} warps={warps} precision={prec or 'auto'}: {row['ours_us']:.1f} us "
-              f"(floor {row['floor_us']:.1f})")  # fmt: skip
+        print(f"sweep {config}: {row['ours_us']:.1f} us (floor {row['floor_us']:.1f})")
     best = min(sweep, key=lambda r: r["us"])
-    config = dict(block_v=best["block_v"], num_warps=best["num_warps"], precision=best["precision"])
+    config = dict(block_v=best["block_v"], num_warps=best["num_warps"])
     result["sweep"], result["config"] = sweep, config
 
     rows = []

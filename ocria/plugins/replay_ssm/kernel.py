@@ -207,7 +207,7 @@ def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
-    block_v: int = 64, num_warps: int = 8, precision: str | None = None,
+    block_v: int = 128, num_warps: int = 8, precision: str | None = None,
 ) -> Tensor:  # fmt: skip
     """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32."""
     B, T, Hk, Dk = k.shape
