@@ -336,19 +336,21 @@ def main() -> None:
     config = dict(block_v=best["block_v"], num_warps=best["num_warps"])
     result["sweep"], result["config"] = sweep, config
 
-    rows = []
+    def save():  # after every row, so a run cut short still leaves its rows
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+    rows = result["rows"] = []
+    save()
     for B in args.batches:
         for T in args.ts:
             rows.append(bench_row(B, T, heads, torch.bfloat16, device, bw, config, fla_fn, rotate))
+            print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()})
+            save()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    result["rows"] = rows
-
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(tmp, args.out)
 
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s; config {result['config']}")
     head = ("B", "T", "ours", "floor", "x floor", "conv", "snapshot", "snap/ours", "fla")
