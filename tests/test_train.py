@@ -21,6 +21,7 @@ from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at
 from ocria.train.run import Run, TrainConfig
 from ocria.train.target import build_target, target_loss
+from ocria.train.vision_batched import batched_vision, batched_vision_forward
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +107,26 @@ def test_chunked_gdn_in_the_model_matches_and_restores(tiny_preset, batch):
                          batch.image_grid_thw[:1])
     assert gdn.gated_delta_rule is gated_delta_rule
     assert _rel(fast, ref) < 1e-5
+
+
+def test_batched_vision_matches_the_per_image_loop(tiny_preset):
+    torch.manual_seed(0)
+    vis = build_target(load_preset(tiny_preset).target, 0).model.visual
+    with torch.no_grad():
+        for p in vis.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    grid = torch.tensor([[1, 4, 6], [1, 8, 4], [1, 4, 6], [1, 2, 2]])  # repeated and distinct sizes
+    dim = 3 * 2 * vis.cfg.patch_size**2
+    pixels = torch.randn(int(grid.prod(-1).sum()), dim)
+    ref = vis(pixels, grid)
+    with batched_vision():
+        out = vis(pixels, grid)
+    assert vis.forward.__func__ is not batched_vision_forward
+    assert _rel(out, ref) < 1e-5
+    params = list(vis.parameters())
+    for a, b in zip(torch.autograd.grad(ref.square().sum(), params),
+                    torch.autograd.grad(batched_vision_forward(vis, pixels, grid).square().sum(), params)):
+        assert _rel(b, a) < 1e-5
 
 
 def test_batches_teach_only_the_answer(batch):

@@ -34,6 +34,7 @@ from ocria.train.export import export_model, shipped_bytes
 from ocria.train.gdn_chunked import chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at, set_lr
 from ocria.train.target import build_target, target_loss
+from ocria.train.vision_batched import batched_vision
 
 STAGES = ("check", "target", "drafter", "drafter_noconv", "eval", "done")
 
@@ -234,7 +235,7 @@ class Run:
             for batch in loader(self.preset.assets, batch_size, step, cfg.workers):
                 cur_lr = lr_at(step, max(steps, warmup + 1), lr, warmup)
                 set_lr(opt, cur_lr)
-                with self.autocast(), chunked_gdn(cfg.gdn_chunk):
+                with self.autocast(), chunked_gdn(cfg.gdn_chunk), batched_vision():
                     loss, stats = loss_fn(batch.to(self.device), sampler)
                 opt.zero_grad()
                 loss.backward()
