@@ -114,16 +114,17 @@ def image() -> bytes:
     return EXAMPLE.read_bytes()
 
 
-def _run_text(capsys, engine: Path) -> str:
-    capsys.readouterr()
-    assert main(["run", "--engine", str(engine), "--image", str(EXAMPLE), "--json", "--temperature",
-                 str(SAMPLING["temperature"]), "--seed", str(SAMPLING["seed"]), "--max-tokens",
-                 str(SAMPLING["max_tokens"])]) == 0
-    return json.loads(capsys.readouterr().out)["text"]
+@pytest.fixture(scope="module")
+def expected(server) -> str:
+    """What `ocria run --json` prints as text for SAMPLING (run in a subprocess, as a user would)."""
+    out = subprocess.run([sys.executable, "-m", "ocria.cli", "run", "--engine", str(server.engine), "--image",
+                          str(EXAMPLE), "--json", "--temperature", str(SAMPLING["temperature"]), "--seed",
+                          str(SAMPLING["seed"]), "--max-tokens", str(SAMPLING["max_tokens"])],
+                         capture_output=True, text=True, check=True, timeout=300).stdout
+    return json.loads(out)["text"]
 
 
-def test_stream_and_non_stream_equal_ocria_run(server, image, capsys):
-    expected = _run_text(capsys, server.engine)
+def test_stream_and_non_stream_equal_ocria_run(server, image, expected):
     client = Client(server.url, timeout_s=120)
     chunks = list(client.generate(image, stream=True, return_perf_metrics=True, **SAMPLING))
     assert len(chunks) > 1 and all(not c.final for c in chunks[:-1]) and chunks[-1].final
@@ -138,10 +139,9 @@ def test_stream_and_non_stream_equal_ocria_run(server, image, capsys):
     assert len(whole) == 1 and whole[0].final and whole[0].text == expected and whole[0].perf == {}
 
 
-def test_client_command_streams_and_prints_json(server, capsys):
+def test_client_command_streams_and_prints_json(server, expected, capsys):
     args = ["client", "--url", server.url, "--image", str(EXAMPLE), "--temperature", "0.9", "--seed", "7",
             "--max-tokens", "24"]
-    expected = _run_text(capsys, server.engine)
     assert main(args + ["--stream"]) == 0
     assert capsys.readouterr().out == expected + "\n"
     assert main(args + ["--json"]) == 0
