@@ -22,6 +22,7 @@ from ocria.plugins.replay_ssm.ops import causal_conv_verify, kernel_enabled, rep
 
 if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
+from ocria.plugins.replay_ssm.kernel import replay_verify_kernel  # noqa: E402
 
 
 def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
@@ -165,3 +166,6 @@ def test_switch():
     verify, _ = _small_case(T=9, Tmax=8)
     with pytest.raises(OcriaError, match="exceed the ring capacity"):
         replay_verify(*verify, use_kernel=True)
+    verify, _ = _small_case(D=64)
+    with pytest.raises(OcriaError, match="block_v >= 128"):
+        replay_verify_kernel(*verify, block_v=64, num_warps=8)

@@ -207,7 +207,7 @@ def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
-    block_v: int = 128, num_warps: int = 8, precision: str | None = None,
+    block_v: int = 64, num_warps: int = 4, precision: str | None = None,
 ) -> Tensor:  # fmt: skip
     """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32."""
     B, T, Hk, Dk = k.shape
@@ -224,6 +224,10 @@ def replay_verify_kernel(
     if B == 0:
         return o
     BV = max(16, min(block_v, triton.next_power_of_2(Dv)))
+    if 64 <= BV < 16 * num_warps:
+        # The state tile is too short for its warpgroups, so the T-wide products are split into n=8
+        # wgmma tiles; Triton 3.6 addresses shared memory out of bounds for tf32 n=8 (seen on the H200).
+        raise OcriaError(f"replay_verify: block_v={BV} with {num_warps} warps; use block_v >= {16 * num_warps}")
     BK = max(16, triton.next_power_of_2(Dk))
     TP = max(16, triton.next_power_of_2(Tmax))
     grid = (triton.cdiv(Dv, BV), Hv, B)
