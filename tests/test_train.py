@@ -24,6 +24,15 @@ from ocria.train.target import build_target, target_loss
 from ocria.train.vision_batched import batched_vision, batched_vision_forward
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny tensors: intra-op threads only contend (on a loaded CI machine, ten times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def tiny_preset(tmp_path_factory) -> str:
     """The ocria-mini preset shrunk for fast CPU tests (same tokenizer, processor and layer pattern)."""
@@ -42,7 +51,7 @@ def tiny_preset(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def batch(tiny_preset):
-    return next(iter(loader(load_preset(tiny_preset).assets, 2, 0, 0)))
+    return next(iter(loader(load_preset(tiny_preset).assets, 2, 0, 0, kind="line")))  # short pages: fast tests
 
 
 def _gdn_inputs(dtype, B=2, T=45, hk=2, hv=4, dk=8, dv=6, seed=0):
@@ -179,8 +188,9 @@ def test_flat_adamw_follows_torch_adamw_and_the_schedule():
 
 
 def _cfg(**over) -> TrainConfig:
-    base = dict(target_steps=4, target_batch=2, drafter_steps=3, ablation_steps=2, drafter_batch=2, workers=0,
-                eval_docs=2, eval_batch=2, eval_max_tokens=12, log_every=1, target_warmup=2, drafter_warmup=2)
+    base = dict(data_kind="line", target_steps=4, target_batch=2, drafter_steps=3, ablation_steps=2,
+                drafter_batch=2, workers=0, eval_docs=2, eval_batch=2, eval_max_tokens=12, log_every=1,
+                target_warmup=2, drafter_warmup=2)
     base.update(over)
     return TrainConfig(**base)
 
@@ -339,7 +349,7 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     sets = [f"--set={k}={v}" for k, v in dict(preset=tiny_preset, target_steps=2, target_batch=1, drafter_steps=2,
                                               ablation_steps=1, drafter_batch=1, workers=0, eval_docs=1,
                                               eval_batch=1, eval_max_tokens=8, block_size=4,
-                                              fixed_point_iters=1).items()]
+                                              fixed_point_iters=1, data_kind="line").items()]
     args = ["run", "--state", str(state), "--out", str(out), "--budget-s", "600"]
     assert train_main([*args, "--max-steps", "1", *sets]) == 0  # stops inside the target stage
     first = json.loads((out / "run.json").read_text())

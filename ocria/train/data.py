@@ -79,10 +79,12 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
 
 
 class SplitDocuments(Dataset):
-    """Sample i = document i of a split, encoded; the processor is built lazily in each worker."""
+    """Sample i = document i of a split (of one kind when ``kind`` is set), encoded; the processor is
+    built lazily in each worker."""
 
-    def __init__(self, assets: Path, split: str = "train", config: SynthConfig = DEFAULT_CONFIG):
-        self.assets, self.split, self.config = Path(assets), split, config
+    def __init__(self, assets: Path, split: str = "train", config: SynthConfig = DEFAULT_CONFIG,
+                 kind: str | None = None):
+        self.assets, self.split, self.config, self.kind = Path(assets), split, config, kind
         self._processor: Processor | None = None
 
     @property
@@ -95,7 +97,7 @@ class SplitDocuments(Dataset):
         return 1 << 30
 
     def __getitem__(self, i: int) -> Sample:
-        return encode(self.processor, generate(split_seeds(self.split, 1, start=i)[0], config=self.config))
+        return encode(self.processor, generate(split_seeds(self.split, 1, start=i)[0], self.kind, self.config))
 
 
 class _Collate:
@@ -120,9 +122,9 @@ class _Batches:
 
 
 def loader(assets: Path, batch_size: int, start_batch: int, workers: int, split: str = "train",
-           pad_id: int = 0) -> DataLoader:
+           pad_id: int = 0, kind: str | None = None) -> DataLoader:
     """Batches ``start_batch, start_batch + 1, ...`` of ``split``, in order, without end."""
-    return DataLoader(SplitDocuments(assets, split), batch_sampler=_Batches(start_batch, batch_size),
+    return DataLoader(SplitDocuments(assets, split, kind=kind), batch_sampler=_Batches(start_batch, batch_size),
                       collate_fn=_Collate(pad_id),
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
                       prefetch_factor=4 if workers else None, persistent_workers=False)

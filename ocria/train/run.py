@@ -64,6 +64,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     gdn_chunk: int = 64
     workers: int = 12
+    data_kind: str = ""  # train on one document kind only (ocria.data.KINDS); "" = every kind
     eval_docs: int = 100
     eval_batch: int = 32
     eval_max_tokens: int = 384
@@ -232,7 +233,7 @@ class Run:
             self.log(f"{name}: checkpoint at step {step}")
 
         if steps <= 0 or step < steps:
-            for batch in loader(self.preset.assets, batch_size, step, cfg.workers):
+            for batch in loader(self.preset.assets, batch_size, step, cfg.workers, kind=cfg.data_kind or None):
                 cur_lr = lr_at(step, max(steps, warmup + 1), lr, warmup)
                 set_lr(opt, cur_lr)
                 with self.autocast(), chunked_gdn(cfg.gdn_chunk), batched_vision():
