@@ -360,6 +360,7 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     assert run["stage"] == "done" and run["checkpoint"] is None
     res = run["results"]
     assert 0 <= res["cer_ar"] and res["block_size"] == 4
+    assert run["stages"]["target"]["heldout_cer_quick"]["docs"] == 1
     for ext in ("local_conv_on", "local_conv_off"):
         for sel in ("selector_on", "selector_off"):
             assert res[ext][sel]["spec_equals_ar"] and 1.0 <= res[ext][sel]["tau"] <= 4.0

@@ -284,6 +284,10 @@ class Run:
         export_model(model, self.state / "target")
         ckpt.drop_state(self.state, self.run)
         self.log(f"target exported to {self.state / 'target'}")
+        if self.left() > 90:  # early word on whether it reads, before drafter time is spent
+            quick = self._evaluate(None, min(32, cfg.eval_docs))
+            self.run["stages"]["target"]["heldout_cer_quick"] = quick
+            self.log(f"target quick eval: {quick}")
         return True
 
     def _trained_target(self) -> OCRiaForConditionalGeneration:
@@ -327,13 +331,14 @@ class Run:
         ckpt.drop_state(self.state, self.run)
         return True
 
-    def _evaluate(self, drafter_dir: Path) -> dict:
+    def _evaluate(self, drafter_dir: Path | None, docs: int | None = None) -> dict:
         """Held-out evaluation through the runtime's engine and scheduler (links in a temp engine dir)."""
         with tempfile.TemporaryDirectory() as tmp:
             root = engine_dir(Path(tmp), self.preset.assets, self.state / "target", drafter_dir)
             graphs = {"on": {"use_graphs": True}, "off": {"use_graphs": False}}.get(self.cfg.eval_graphs, {})
             engine = Engine(root, device=str(self.device), verify=False, **graphs)
-            return evaluate(engine, heldout_pngs(self.cfg.eval_docs), self.cfg.eval_max_tokens, self.cfg.eval_batch)
+            return evaluate(engine, heldout_pngs(docs or self.cfg.eval_docs), self.cfg.eval_max_tokens,
+                            self.cfg.eval_batch)
 
     def stage_drafter_noconv(self) -> bool:
         """Ablation: same recipe without the local convolution; only its tau is kept (not shipped)."""
