@@ -1,10 +1,11 @@
 """The OCRia-mini training run as resumable stages, each call working until its time budget is spent.
 
-State directory (flat, every file <= 15 MiB, so it round-trips through the GPU machine's $OUT):
+State directory (every file <= 15 MiB, at most 7 files, so it round-trips through the GPU machine's
+$OUT and travels back as a carried path):
 ``run.json`` (config, seeds, stage progress, loss history, calls, results), the in-progress stage's
 ``state-*.safetensors`` shards, and the exported ``target/`` and ``drafter/`` HF directories.
 
-Stages: ``check`` (tokenizer files up to date, data deterministic) -> ``target`` -> ``drafter``
+Stages: ``check`` (tokenizer files vs a fresh build, data deterministic) -> ``target`` -> ``drafter``
 (local conv + selector on, exported) -> ``drafter_noconv`` (ablation: local conv off, only its tau
 is kept) -> ``eval`` (held-out CER, spec == ar, tau per extension setting) -> ``done``.
 """
