@@ -1,0 +1,92 @@
+"""Registers, spills and wgmma tile shapes of the replay_verify kernel for sm_90, without a GPU.
+
+Compiles the Triton kernel for an H100/H200 target on this machine and runs the ptxas that ships with
+Triton on the PTX, for each tile config and dot precision (Qwen3.5-like heads, bf16 inputs):
+
+    python bench/replay_ssm_ptxas.py --out bench/results/replay_ssm_ptxas.json
+"""
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ocria.plugins.replay_ssm.kernel import KEY_CHUNK, _replay_verify_kernel
+
+_TYPES = dict(
+    q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", a_ptr="*bf16", b_ptr="*bf16", A_log_ptr="*fp32",
+    dt_bias_ptr="*fp32", state_ptr="*fp32", ring_k_ptr="*fp32", ring_v_ptr="*fp32", ring_g_ptr="*fp32",
+    ring_beta_ptr="*fp32", ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", o_ptr="*bf16",
+    T="i32", Tmax="i32", scale="fp32", eps="fp32",
+)  # fmt: skip
+
+
+def _ptxas() -> str:
+    """The newest ptxas bundled with Triton that accepts its own PTX."""
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name in ("ptxas-blackwell", "ptxas"):
+        path = os.path.join(bin_dir, name)
+        if os.path.exists(path):
+            return path
+    sys.exit(f"no ptxas under {bin_dir}")
+
+
+def compile_stats(block_v: int, num_warps: int, precision: str, heads=(16, 32, 128)) -> dict:
+    Hk, Hv, D = heads
+    consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, BKC=min(KEY_CHUNK, D), TP=16, PREC=precision)
+    names = _replay_verify_kernel.arg_names
+    sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
+    constexprs = {(names.index(k),): v for k, v in consts.items()}
+    src = ASTSource(fn=_replay_verify_kernel, signature=sig, constexprs=constexprs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        log = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr  # fmt: skip
+    regs = re.search(r"Used (\d+) registers", log)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
+    return dict(
+        block_v=block_v, num_warps=num_warps, precision=precision, registers=int(regs.group(1)),
+        spill_store_bytes=int(spill.group(1)) if spill else 0, spill_load_bytes=int(spill.group(2)) if spill else 0,
+        wgmma_tiles=tiles, mma_sync=ptx.count("mma.sync"),
+    )  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    rows = [
+        compile_stats(bv, warps, prec)
+        for bv, warps in ((64, 4), (64, 8), (128, 8), (32, 4))
+        for prec in ("tf32", "tf32x3")
+    ]
+    result = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
+        command="python " + shlex.join(sys.argv), rows=rows,
+    )  # fmt: skip
+    with open(args.out + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(args.out + ".tmp", args.out)
+    print(f"{'BV':>4} {'warps':>5} {'precision':>9} {'regs':>4} {'spill st/ld B':>14}  wgmma tiles")
+    for r in rows:
+        spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"
+        print(f"{r['block_v']:>4} {r['num_warps']:>5} {r['precision']:>9} {r['registers']:>4} {spill:>14}  "
+              f"{','.join(r['wgmma_tiles']) or 'mma.sync only'}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
