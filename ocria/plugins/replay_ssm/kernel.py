@@ -13,7 +13,8 @@ substitution, instead of T dependent rank-1 updates:
     O   = diag(exp G) Q S0 + (mask_{j<=i} exp(G_i - G_j) Q K^T) U
 
 The T x T Gram matrices are summed over 32-wide key chunks so no thread holds a whole [T, Dk]
-operand; together with the transposed state this keeps the kernel free of register spills.
+operand; with the transposed state this keeps register spills small
+(``bench/results/replay_ssm_ptxas.json``).
 
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
 writes what another one reads; the shared k/g/beta entries are written by the tile-0 program only.
@@ -28,7 +29,8 @@ from triton.runtime.interpreter import InterpretedFunction
 from ocria.errors import OcriaError
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
-# products) keeps fp32 accuracy; one tf32 product (~5e-4 relative) is below bf16's own rounding.
+# products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (H200
+# check in bench/results/replay_ssm_h200.json), under bf16's own rounding, at a third of the registers.
 DOT_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
 KEY_CHUNK = 32
 
