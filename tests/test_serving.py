@@ -23,7 +23,7 @@ from PIL import Image
 from ocria.builder.engine import build_engine
 from ocria.cli import main
 from ocria.serving.client import Client, ServerError, _input, request_inputs
-from ocria.serving.tritonserver import Ports
+from ocria.serving.tritonserver import Ports, free_port
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
 START_TIMEOUT_S = 300
@@ -149,7 +149,9 @@ def test_client_command_streams_and_prints_json(server, expected, capsys):
     assert out["text"] == expected and out["total_draft_tokens"] > 0
     assert main(args + ["--max-tokens", "0"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "max_tokens must be a positive integer, got 0" in err
+    assert err == "ocria client: error: max_tokens must be a positive integer, got 0\n"
+    assert main(["client", "--url", f"127.0.0.1:{free_port()}", "--image", str(EXAMPLE)]) == 2
+    assert "cannot reach a Triton server at 127.0.0.1:" in capsys.readouterr().err
 
 
 def test_32_concurrent_streams_each_get_their_own_output(server, image):

@@ -83,6 +83,11 @@ class Client:
         client = self._grpc.InferenceServerClient(self.url)
         done = False
         try:
+            client.is_server_live()
+        except InferenceServerException as e:
+            client.close()
+            raise ServerError(f"cannot reach a Triton server at {self.url} ({_message(e)})", "UNAVAILABLE") from None
+        try:
             client.start_stream(callback=lambda result, error: responses.put((result, error)))
             client.async_stream_infer(model, inputs, enable_empty_final_response=True)
             while not done:

@@ -130,11 +130,16 @@ def cmd_client(args: argparse.Namespace) -> int:
                   stop_words=tuple(args.stop), return_perf_metrics=args.json)
     client = Client(args.url, args.timeout)
     parts, last = [], None
-    for chunk in client.generate(image.read_bytes(), **kwargs):
-        parts.append(chunk.text)
-        last = chunk
-        if not args.json:
-            print(chunk.text, end="", flush=True)
+    try:
+        for chunk in client.generate(image.read_bytes(), **kwargs):
+            parts.append(chunk.text)
+            last = chunk
+            if not args.json:
+                print(chunk.text, end="", flush=True)
+    except OcriaError:
+        if parts and not args.json:
+            print(flush=True)  # end the partial text's line before the error message
+        raise
     if args.json:
         print(json.dumps({"text": "".join(parts), "finish_reason": last.finish_reason, **last.perf}))
     else:
