@@ -193,3 +193,26 @@ def test_dead_loop_fails_open_requests_and_refuses_new_ones(engine):
     assert deaths == ["RuntimeError: device lost"] and not loop.alive
     with pytest.raises(OcriaError, match="engine loop is not running: RuntimeError: device lost"):
         loop.submit(prompt, SamplingParams(max_tokens=5), lambda e, err: None)
+
+
+def test_bundled_server_environment(tmp_path):
+    import os
+    import sys
+    import sysconfig
+
+    from ocria.serving.tritonserver import Ports, backend_directory, find_server, server_env
+
+    install = find_server()
+    assert install.binary.is_file() and os.access(install.binary, os.X_OK)
+    env = server_env(install, {"PATH": "/usr/bin", "LD_LIBRARY_PATH": "/opt/x"})
+    ld = env["LD_LIBRARY_PATH"].split(":")
+    assert ld[0] == sysconfig.get_config_var("LIBDIR") and ld[-1] == "/opt/x"
+    assert any(p.endswith("nvidia_pytriton.libs") for p in ld)
+    assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+    assert env["PYTHONPATH"].split(":")[0] == str(Path(__file__).resolve().parent.parent)
+    python = backend_directory(install, tmp_path / "b") / "python"
+    assert {"libtriton_python.so", "triton_python_backend_stub"} <= {p.name for p in python.iterdir()}
+    ports = Ports.free()
+    assert len({ports.grpc, ports.http, ports.metrics}) == 3
+    # The models run with this interpreter's packages: numpy 2 corrupts UINT8 inputs in this server.
+    assert int(np.__version__.split(".")[0]) < 2

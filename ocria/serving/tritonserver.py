@@ -11,6 +11,7 @@ The bundled server needs three things its wheel does not set up by itself:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -65,6 +66,19 @@ def find_server() -> ServerInstall:
     if not (backend / "libtriton_python.so").is_file():
         raise OcriaError(f"tritonserver at {binary} has no Python backend at {backend}")
     return ServerInstall(binary, backend, None)
+
+
+def check_libpython() -> None:
+    """The stub links libpython3.X.so.1.0; a statically linked interpreter without it cannot host models."""
+    soname = sysconfig.get_config_var("INSTSONAME") or f"libpython{PYTHON_TAG}.so.1.0"
+    if (Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent") / soname).is_file():
+        return
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        raise OcriaError(f"the Triton Python backend stub needs {soname}, which this Python does not provide "
+                         f"(install the libpython{PYTHON_TAG} package or use a Python built with --enable-shared)"
+                         ) from None
 
 
 def server_env(install: ServerInstall, base: dict[str, str] | None = None) -> dict[str, str]:
@@ -156,6 +170,7 @@ class TritonServer:
 
     def start(self) -> TritonServer:
         install = find_server()
+        check_libpython()
         self._tmp = tempfile.TemporaryDirectory(prefix="ocria-triton-")
         backends = backend_directory(install, Path(self._tmp.name) / "backends")
         log_path = self.log_path or Path(self._tmp.name) / "server.log"
