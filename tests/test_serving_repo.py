@@ -216,3 +216,19 @@ def test_bundled_server_environment(tmp_path):
     assert len({ports.grpc, ports.http, ports.metrics}) == 3
     # The models run with this interpreter's packages: numpy 2 corrupts UINT8 inputs in this server.
     assert int(np.__version__.split(".")[0]) < 2
+
+
+def test_explicit_server_binary_needs_a_python_backend(tmp_path):
+    from ocria.serving.tritonserver import find_server
+
+    with pytest.raises(OcriaError, match="tritonserver binary not found"):
+        find_server(tmp_path / "bin" / "tritonserver")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "tritonserver").write_text("")
+    (tmp_path / "backends" / "python").mkdir(parents=True)
+    (tmp_path / "backends" / "python" / "libtriton_python.so").write_text("")
+    with pytest.raises(OcriaError, match="no Python backend triton_python_backend_stub"):
+        find_server(tmp_path / "bin" / "tritonserver")
+    (tmp_path / "backends" / "python" / "triton_python_backend_stub").write_text("")
+    install = find_server(tmp_path / "bin" / "tritonserver")
+    assert install.stub is None and install.python_backend == tmp_path / "backends" / "python"

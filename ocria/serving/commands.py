@@ -51,6 +51,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, help="max batch size (default: the engine profile's)")
     p.add_argument("--log-file", help="tritonserver log (default: a temporary file, tail shown on failure)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
+    p.add_argument("--tritonserver", help="tritonserver binary to run (default: the one bundled in nvidia-pytriton, "
+                   "else PATH's or /opt/tritonserver's)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -65,7 +67,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             write_repo(repo, RepoOptions(Path(args.engine), args.instances, args.max_batch, args.device))
             print(f"model repository written to {repo}", flush=True)
         server = TritonServer(repo, Ports(args.grpc_port, args.http_port, args.metrics_port), args.host,
-                              Path(args.log_file) if args.log_file else None)
+                              Path(args.log_file) if args.log_file else None,
+                              binary=Path(args.tritonserver) if args.tritonserver else None)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())

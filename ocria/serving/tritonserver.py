@@ -41,30 +41,34 @@ class ServerInstall:
     libs: tuple[Path, ...] = ()  # extra shared-library directories (the wheel's bundled libs)
 
 
-def find_server() -> ServerInstall:
-    """The bundled server of the nvidia-pytriton wheel if installed, else a Triton container's or PATH's."""
-    try:
-        import pytriton
-    except ImportError:
-        pytriton = None
-    if pytriton is not None:
-        root = Path(pytriton.__file__).parent / "tritonserver"
-        stub = root / "python_backend_stubs" / PYTHON_TAG / "triton_python_backend_stub"
-        if not stub.is_file():
-            raise OcriaError(f"nvidia-pytriton has no Python backend stub for Python {PYTHON_TAG} ({stub})")
-        libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
-        return ServerInstall(root / "bin" / "tritonserver", root / "backends" / "python", stub, (libs,))
-    on_path = shutil.which("tritonserver")
-    container = Path("/opt/tritonserver")
-    if on_path is None and (container / "bin" / "tritonserver").is_file():
-        on_path = str(container / "bin" / "tritonserver")
-    if on_path is None:
-        raise OcriaError("no tritonserver found: install the serve extra (pip install 'ocria[serve]') "
-                         "or run inside NVIDIA's Triton container")
-    binary = Path(on_path).resolve()
+def find_server(binary: str | Path | None = None) -> ServerInstall:
+    """``binary`` if given (e.g. a Triton container's /opt/tritonserver/bin/tritonserver), else the server
+    bundled in the nvidia-pytriton wheel, else one on PATH or in /opt/tritonserver."""
+    if binary is None:
+        try:
+            import pytriton
+        except ImportError:
+            pytriton = None
+        if pytriton is not None:
+            root = Path(pytriton.__file__).parent / "tritonserver"
+            stub = root / "python_backend_stubs" / PYTHON_TAG / "triton_python_backend_stub"
+            if not stub.is_file():
+                raise OcriaError(f"nvidia-pytriton has no Python backend stub for Python {PYTHON_TAG} ({stub})")
+            libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
+            return ServerInstall(root / "bin" / "tritonserver", root / "backends" / "python", stub, (libs,))
+        binary = shutil.which("tritonserver")
+        if binary is None and Path("/opt/tritonserver/bin/tritonserver").is_file():
+            binary = "/opt/tritonserver/bin/tritonserver"
+        if binary is None:
+            raise OcriaError("no tritonserver found: install the serve extra (pip install 'ocria[serve]') "
+                             "or run inside NVIDIA's Triton container")
+    binary = Path(binary).resolve()
+    if not binary.is_file():
+        raise OcriaError(f"{binary}: tritonserver binary not found")
     backend = binary.parent.parent / "backends" / "python"
-    if not (backend / "libtriton_python.so").is_file():
-        raise OcriaError(f"tritonserver at {binary} has no Python backend at {backend}")
+    for needed in ("libtriton_python.so", "triton_python_backend_stub"):
+        if not (backend / needed).is_file():
+            raise OcriaError(f"tritonserver at {binary} has no Python backend {needed} in {backend}")
     return ServerInstall(binary, backend, None)
 
 
@@ -140,6 +144,7 @@ class TritonServer:
     log_path: Path | None = None
     exit_timeout_s: int = 10
     extra_args: tuple[str, ...] = ()
+    binary: Path | None = None  # a specific tritonserver (default: see find_server)
     proc: subprocess.Popen | None = field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
     _log = None
@@ -169,7 +174,7 @@ class TritonServer:
         ]
 
     def start(self) -> TritonServer:
-        install = find_server()
+        install = find_server(self.binary)
         check_libpython()
         self._tmp = tempfile.TemporaryDirectory(prefix="ocria-triton-")
         backends = backend_directory(install, Path(self._tmp.name) / "backends")
