@@ -110,6 +110,9 @@ class TritonPythonModel:
                 self._one(request)
             except OcriaError as e:
                 request.get_response_sender().send(_error(str(e)), flags=FINAL)
+            except Exception as e:  # a bug must still end the request, never leave its client waiting
+                message = f"internal error: {type(e).__name__}: {e}"
+                request.get_response_sender().send(_error(message, pb_utils.TritonError.INTERNAL), flags=FINAL)
         return None
 
     def _one(self, request) -> None:

@@ -26,31 +26,37 @@ class TritonPythonModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            if request.is_cancelled():
-                self._cancel_engine(int(_value(request, "request_key")))
-                sender.send(flags=FINAL)
-                continue
-            text = _value(request, "text", b"")
-            final = bool(_value(request, "final", False))
-            if not text and not final:
-                sender.send(flags=FINAL)  # nothing new for the client: end this step silently
-                continue
-            outputs = [pb_utils.Tensor("text_output", np.array([[text]], dtype=np.object_))]
-            if final:
-                reason = _value(request, "finish_reason", b"")
-                outputs.append(pb_utils.Tensor("finish_reason", np.array([[reason]], np.object_)))
-            if final and bool(_value(request, "return_perf_metrics", False)):
-                drafted = int(_value(request, "num_draft_tokens"))
-                accepted = int(_value(request, "num_accepted_draft_tokens"))
-                outputs += [
-                    pb_utils.Tensor("acceptance_rate", np.array([[accepted / drafted if drafted else 0.0]],
-                                                                np.float32)),
-                    pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
-                    pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
-                ] + [pb_utils.Tensor(n, np.array([[int(_value(request, n))]], np.int64))
-                     for n in ("first_token_time_ns", "last_token_time_ns")]
-            sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL)
+            try:
+                self._one(request, sender)
+            except Exception as e:  # end the request with an error rather than leave its client waiting
+                error = pb_utils.TritonError(f"internal error: {type(e).__name__}: {e}", pb_utils.TritonError.INTERNAL)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
         return None
+
+    def _one(self, request, sender) -> None:
+        if request.is_cancelled():
+            self._cancel_engine(int(_value(request, "request_key")))
+            sender.send(flags=FINAL)
+            return
+        text = _value(request, "text", b"")
+        final = bool(_value(request, "final", False))
+        if not text and not final:
+            sender.send(flags=FINAL)  # nothing new for the client: end this step silently
+            return
+        outputs = [pb_utils.Tensor("text_output", np.array([[text]], dtype=np.object_))]
+        if final:
+            reason = _value(request, "finish_reason", b"")
+            outputs.append(pb_utils.Tensor("finish_reason", np.array([[reason]], np.object_)))
+        if final and bool(_value(request, "return_perf_metrics", False)):
+            drafted = int(_value(request, "num_draft_tokens"))
+            accepted = int(_value(request, "num_accepted_draft_tokens"))
+            outputs += [
+                pb_utils.Tensor("acceptance_rate", np.array([[accepted / drafted if drafted else 0.0]], np.float32)),
+                pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
+                pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
+            ] + [pb_utils.Tensor(n, np.array([[int(_value(request, n))]], np.int64))
+                 for n in ("first_token_time_ns", "last_token_time_ns")]
+        sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL)
 
     @staticmethod
     def _cancel_engine(key: int) -> None:
