@@ -169,3 +169,25 @@ def test_incremental_detokenizer_multibyte(engine):
     pieces = [detok.push([i]) for i in ids] + [detok.flush()]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_spec_equals_ar_with_triton_plugins(engine, tmp_path):
+    """The same losslessness with the ReplaySSM Triton kernels (Triton's interpreter on CPU)."""
+    plugged = load_engine(engine.root, use_plugins=True)
+    assert plugged.plugins == "triton"
+    prompt, params = requests(plugged, 1, 0.0)[0]
+    params = SamplingParams(**{**params.__dict__, "max_tokens": 10})
+    ref = run_alone(engine, prompt, SamplingParams(**{**params.__dict__, "mode": "ar"}))
+    assert run_alone(plugged, prompt, SamplingParams(**{**params.__dict__, "mode": "ar"})) == ref
+    sched = plugged.scheduler(max_batch_size=2)
+    real = plugged.drafter
+    plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.8, seed=5)
+    try:
+        sched.add(prompt, params)
+        got = []
+        while sched.has_work():
+            for ev in sched.step():
+                got += ev.token_ids
+    finally:
+        plugged.drafter = real
+    assert got == ref
