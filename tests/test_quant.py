@@ -255,3 +255,34 @@ def test_bad_recipe_cli_and_vision_opt_in(tmp_path, capsys):
     deep.write_text("name: deep\nrules:\n  - {match: 'model.language_model.layers.40.*', format: fp8}\n")
     with pytest.raises(OcriaError, match="matches no module of the target"):
         load_recipe(str(deep)).check(_mini_modules())
+
+
+def test_directory_calibration_set(tmp_path):
+    """A directory of images (+ NAME.txt prompt, + NAME.md truth): the first three quarters calibrate,
+    the rest is held out for the report; bad sets are one-line errors."""
+    import shutil
+
+    from ocria.quant.calibrate import calibration_set, check_calib_spec, heldout_set
+    from ocria.runtime.processor import Processor
+
+    examples = EXAMPLE.parent
+    for i, name in enumerate(("checklist", "invoice_table", "report", "checklist")):
+        shutil.copy(examples / f"{name}.png", tmp_path / f"doc{i}.png")
+        if i != 1:
+            shutil.copy(examples / f"{name}.md", tmp_path / f"doc{i}.md")
+    (tmp_path / "doc0.txt").write_text("List the items.\n")
+    (tmp_path / "notes.json").write_text("{}")
+    processor = Processor(load_preset("ocria-mini").assets)
+    calib = calibration_set(str(tmp_path), processor)
+    held = heldout_set(str(tmp_path), processor, 8)
+    assert [s.name for s in calib] == ["doc0.png", "doc1.png", "doc2.png"] and [s.name for s in held] == ["doc3.png"]
+    assert calib[1].truth is None and held[0].truth == (examples / "checklist.md").read_text().rstrip("\n")
+    prompt_ids = calib[0].prompt.input_ids.tolist()
+    assert processor.tokenizer.encode("List the items.", add_special_tokens=False)[0] in prompt_ids
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OcriaError, match="no document images"):
+        check_calib_spec(str(tmp_path / "empty"))
+    with pytest.raises(OcriaError, match="neither 'synthetic:N' nor a directory"):
+        check_calib_spec(str(tmp_path / "missing"))
+    with pytest.raises(OcriaError, match="synthetic:N"):
+        check_calib_spec("synthetic:zero")
