@@ -2,8 +2,8 @@
 
 Requests arrive from any thread (Triton's execute); the loop admits them, steps the scheduler, and
 hands every Event to the request's sink. The scheduler is not thread-safe, so only the loop thread
-touches it: submissions and cancellations go through a queue. Cancellation is polled (each request's
-``is_cancelled``) at least every ``cancel_period_s`` when idle and between every two steps when busy.
+touches it: submissions and cancellations go through a queue. Each request's ``is_cancelled`` (an IPC
+call under Triton) is polled every ``cancel_period_s``, or after the step that overran it.
 If a step raises, the loop dies: every open request gets a final error and ``on_death`` is called, so
 a crashed engine turns into errors and an unready model instead of hung clients.
 """
@@ -108,7 +108,7 @@ class EngineLoop:
                 busy = self.scheduler.has_work()
                 self._drain(block=not busy)
                 now = time.perf_counter()
-                if now - last_poll >= self.cancel_period_s or busy:
+                if now - last_poll >= self.cancel_period_s:
                     self._poll_cancelled()
                     last_poll = now
                 if self.scheduler.has_work():
