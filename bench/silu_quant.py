@@ -125,7 +125,7 @@ def correctness(scales: dict, dev: str) -> list[dict]:
         for mode in MODES:
             s = nx.nvfp4_global_scale(torch.tensor(6 * 448.0)).to(dev) if name == "e2m1_ties" and mode == "nvfp4" \
                 else scales[mode]
-            got = silu_mul_quant(x, mode, s)
+            got = silu_mul_quant(x, mode, s, use_kernel=True)
             ref = silu_mul_quant_reference(x, mode, s)
             rows.append({"input": name, "mode": mode, "elements": x.numel() // 2, "mismatches": _mismatches(got, ref)})
             if name == "every_bf16_gate" and dev == "cuda":
@@ -193,7 +193,7 @@ def main() -> None:
     if dev != "cuda":  # smoke run: exercise the timed closures once, no timing
         x = (torch.randn(args.tokens[0], 2 * args.widths[0]) * 3).to(torch.bfloat16)
         for mode in MODES:
-            silu_mul_quant(x, mode, scales[mode])
+            silu_mul_quant(x, mode, scales[mode], use_kernel=True)
             unfused(x, mode, scales[mode])
         print(json.dumps({"all_exact": all(c["mismatches"] == 0 for c in checks)}))
         return

@@ -128,12 +128,15 @@ def test_quantize_act_kernel_matches_reference(mode):
 def test_custom_op_matches_reference_and_passes_opcheck(mode):
     torch.manual_seed(4)
     gate_up = (torch.randn(5, 2 * 32) * 2).to(torch.bfloat16)
-    _assert_same(silu_mul_quant(gate_up, mode, SCALES[mode]), silu_mul_quant_reference(gate_up, mode, SCALES[mode]))
+    ref = silu_mul_quant_reference(gate_up, mode, SCALES[mode])
+    _assert_same(silu_mul_quant(gate_up, mode, SCALES[mode], use_kernel=True), ref)
+    _assert_same(silu_mul_quant(gate_up, mode, SCALES[mode]), ref)  # CPU default: the reference
     torch.library.opcheck(torch.ops.ocria.silu_mul_quant.default, (gate_up, mode, SCALES[mode]),
                           test_utils=("test_schema", "test_faketensor"))
     if mode != "bf16":
         x = gate_up[:, :32].contiguous()
-        _assert_same(quantize_act(x, mode, SCALES[mode]), quantize_act_reference(x, mode, SCALES[mode]))
+        ref_q = quantize_act_reference(x, mode, SCALES[mode])
+        _assert_same(quantize_act(x, mode, SCALES[mode], use_kernel=True), ref_q)
 
 
 def test_bad_arguments_are_rejected():

@@ -14,6 +14,10 @@ tensor cores (compute capability >= 8.9); NVFP4 weight-only (bf16 activations, t
 ``input_scale`` is not used) through the Triton ``ocria::nvfp4_gemm`` on CUDA, since Hopper has no
 FP4 tensor cores; everywhere else the weight is dequantized to the compute dtype once (cached) and
 FP8 activations are quantized and dequantized with the same rounding as on the GPU.
+
+``use_kernel`` (attribute, and argument of ``mlp_forward``) is the plugins' switch: None runs the
+Triton kernels (activation quantization, fused SiLU-quant, NVFP4 GEMM) on CUDA and the PyTorch
+references elsewhere; True on CPU runs the kernels in Triton's interpreter (TRITON_INTERPRET=1).
 """
 
 import torch
@@ -23,7 +27,7 @@ from torch import Tensor, nn
 from ocria.errors import CheckpointError
 from ocria.plugins import numerics as nx
 from ocria.plugins.fp4_gemm import nvfp4_gemm
-from ocria.plugins.silu_quant import quantize_act, silu_mul_quant
+from ocria.plugins.silu_quant import kernel_enabled, quantize_act, silu_mul_quant
 
 FORMATS = ("bf16", "fp8", "nvfp4")
 
@@ -65,6 +69,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_scale_2", None if weight_scale_2 is None else weight_scale_2.float().reshape(()))
         self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
         self._dequantized: Tensor | None = None
+        self.use_kernel: bool | None = None
 
     @staticmethod
     def _scale(s: Tensor, fmt: str) -> Tensor:
@@ -148,11 +153,12 @@ class QuantLinear(nn.Module):
             return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         if self.fmt == "fp8":
             if fp8_tensor_cores(x.device):
-                q, s = quantize_act(x, self.act_mode, self.input_scale)
+                q, s = quantize_act(x, self.act_mode, self.input_scale, use_kernel=self.use_kernel)
                 return self.forward_fp8(q, s, x.dtype)
             return self._emulate_fp8(x)
-        if x.is_cuda:
-            y = nvfp4_gemm(x.to(torch.bfloat16), self.weight, self.weight_scale, self.weight_scale_2).to(x.dtype)
+        if kernel_enabled(x.device, self.use_kernel):
+            y = nvfp4_gemm(x.to(torch.bfloat16), self.weight, self.weight_scale, self.weight_scale_2,
+                           use_kernel=self.use_kernel).to(x.dtype)
         else:
             y = F.linear(x, self._cached_weight(x.dtype))
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -187,14 +193,14 @@ class QuantLinear(nn.Module):
         return self.forward_fp8(q, s, x.dtype)
 
 
-def mlp_forward(x: Tensor, gate_up: QuantLinear, down: QuantLinear) -> Tensor:
+def mlp_forward(x: Tensor, gate_up: QuantLinear, down: QuantLinear, use_kernel: bool | None = None) -> Tensor:
     """``down(silu(gate) * up)`` with ``gate_up`` = ``QuantLinear.concat([gate_proj, up_proj])``.
 
     An FP8 ``down_proj`` takes its FP8 input straight from the fused ``ocria::silu_mul_quant``
     kernel (no bf16 activation round trip); other formats get the fused bf16 activation."""
     gu = gate_up(x)
     if down.fmt == "fp8":
-        q, s = silu_mul_quant(gu, down.act_mode, down.input_scale)
+        q, s = silu_mul_quant(gu, down.act_mode, down.input_scale, use_kernel=use_kernel)
         return down.forward_fp8(q, s, x.dtype)
-    h, _ = silu_mul_quant(gu, "bf16")
+    h, _ = silu_mul_quant(gu, "bf16", use_kernel=use_kernel)
     return down(h)

@@ -1,23 +1,29 @@
-"""``torch.library`` operator ``ocria::nvfp4_gemm``: Triton on CUDA (and on CPU under
-``TRITON_INTERPRET=1``), the dequantize + fp32 matmul reference otherwise; fake impl for graphs."""
-
-import os
+"""``torch.library`` operator ``ocria::nvfp4_gemm`` (the Triton kernel, fake impl for graphs) and
+``nvfp4_gemm``, the function callers use, with the same switch as the other plugins:
+``use_kernel`` None runs the kernel on CUDA tensors and the dequantize + fp32 matmul reference
+elsewhere; True on CPU runs the kernel in Triton's interpreter (``TRITON_INTERPRET=1``)."""
 
 import torch
 from torch import Tensor
 
 from ocria.plugins.fp4_gemm.kernel import nvfp4_gemm_triton
 from ocria.plugins.fp4_gemm.reference import nvfp4_gemm_reference
+from ocria.plugins.silu_quant.op import kernel_enabled
 
 
 @torch.library.custom_op("ocria::nvfp4_gemm", mutates_args=())
-def nvfp4_gemm(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor) -> Tensor:
-    """``x @ W^T`` for bf16 ``x`` [..., K] and NVFP4 ``weight`` [N, K/2] (see ``reference``)."""
-    if x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1":
-        return nvfp4_gemm_triton(x, weight, weight_scale, weight_scale_2)
-    return nvfp4_gemm_reference(x, weight, weight_scale, weight_scale_2)
+def _nvfp4_gemm_op(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor) -> Tensor:
+    return nvfp4_gemm_triton(x, weight, weight_scale, weight_scale_2)
 
 
-@nvfp4_gemm.register_fake
+@_nvfp4_gemm_op.register_fake
 def _(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor) -> Tensor:
     return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def nvfp4_gemm(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor,
+               use_kernel: bool | None = None) -> Tensor:
+    """``x @ W^T`` for bf16 ``x`` [..., K] and NVFP4 ``weight`` [N, K/2] (see ``reference``)."""
+    if not kernel_enabled(x.device, use_kernel):
+        return nvfp4_gemm_reference(x, weight, weight_scale, weight_scale_2)
+    return torch.ops.ocria.nvfp4_gemm(x, weight, weight_scale, weight_scale_2)

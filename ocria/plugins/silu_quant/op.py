@@ -1,9 +1,9 @@
-"""``torch.library`` operators ``ocria::silu_mul_quant`` and ``ocria::quantize_act``.
-
-The Triton kernel runs on CUDA tensors, and on CPU tensors when ``TRITON_INTERPRET=1`` (the test
-suite); otherwise CPU tensors take the PyTorch reference. Fake implementations give shapes and
-dtypes so CUDA graphs and ``torch.compile`` accept the ops. The second output is an empty tensor
-for modes that produce no scales (``bf16``, ``fp8_static``).
+"""``torch.library`` operators ``ocria::silu_mul_quant`` and ``ocria::quantize_act`` (the Triton
+kernel) and the functions callers use, with one switch ``use_kernel``: None runs the kernel on
+CUDA tensors and the PyTorch reference elsewhere; True on CPU runs the kernel in Triton's
+interpreter (needs ``TRITON_INTERPRET=1`` before triton is imported); False is the reference.
+Fake implementations give shapes and dtypes so CUDA graphs and ``torch.compile`` accept the ops.
+The ops' second output is an empty tensor for modes without scales (``bf16``, ``fp8_static``).
 """
 
 import os
@@ -11,13 +11,20 @@ import os
 import torch
 from torch import Tensor
 
+from ocria.errors import OcriaError
 from ocria.plugins.numerics import NVFP4_BLOCK
 from ocria.plugins.silu_quant.kernel import quantize_act_triton, silu_mul_quant_triton
 from ocria.plugins.silu_quant.reference import quantize_act_reference, silu_mul_quant_reference
 
 
-def _use_triton(x: Tensor) -> bool:
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+def kernel_enabled(device: torch.device, use_kernel: bool | None = None) -> bool:
+    """Resolve the switch: whether the Triton kernel (True) or the PyTorch reference (False) runs."""
+    if use_kernel is None:
+        return device.type == "cuda"
+    if use_kernel and device.type != "cuda":
+        if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
+            raise OcriaError(f"silu_quant kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
+    return use_kernel
 
 
 def _pack(result: tuple[Tensor, Tensor | None], like: Tensor) -> tuple[Tensor, Tensor]:
@@ -29,16 +36,14 @@ def _pack(result: tuple[Tensor, Tensor | None], like: Tensor) -> tuple[Tensor, T
 
 @torch.library.custom_op("ocria::silu_mul_quant", mutates_args=())
 def _silu_mul_quant_op(gate_up: Tensor, mode: str, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    fn = silu_mul_quant_triton if _use_triton(gate_up) else silu_mul_quant_reference
-    return _pack(fn(gate_up, mode, scale), gate_up)
+    return _pack(silu_mul_quant_triton(gate_up, mode, scale), gate_up)
 
 
 @torch.library.custom_op("ocria::quantize_act", mutates_args=())
 def _quantize_act_op(x: Tensor, mode: str, scale: Tensor | None = None) -> tuple[Tensor, Tensor]:
     if mode == "bf16":
         raise ValueError("quantize_act needs a quantized mode")
-    fn = quantize_act_triton if _use_triton(x) else quantize_act_reference
-    return _pack(fn(x, mode, scale), x)
+    return _pack(quantize_act_triton(x, mode, scale), x)
 
 
 def _fake(x: Tensor, n: int, mode: str) -> tuple[Tensor, Tensor]:
@@ -64,17 +69,29 @@ def _(x: Tensor, mode: str, scale: Tensor | None = None) -> tuple[Tensor, Tensor
     return _fake(x, x.shape[-1], mode)
 
 
-def silu_mul_quant(gate_up: Tensor, mode: str = "bf16", scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+def _scales_of(mode: str, scales: Tensor | None) -> Tensor | None:
+    return scales if mode in ("fp8_dynamic", "nvfp4") else None
+
+
+def silu_mul_quant(
+    gate_up: Tensor, mode: str = "bf16", scale: Tensor | None = None, use_kernel: bool | None = None
+) -> tuple[Tensor, Tensor | None]:
     """Fused ``silu(gate) * up`` -> quantized ``down_proj`` input; see ``reference`` for the contract.
 
     Returns ``(out, scales)``: ``scales`` is None for ``bf16`` / ``fp8_static``, fp32 [..., 1] for
     ``fp8_dynamic``, float8_e4m3fn [..., N/16] for ``nvfp4``.
     """
+    if not kernel_enabled(gate_up.device, use_kernel):
+        return silu_mul_quant_reference(gate_up, mode, scale)
     out, scales = torch.ops.ocria.silu_mul_quant(gate_up, mode, scale)
-    return out, (scales if mode in ("fp8_dynamic", "nvfp4") else None)
+    return out, _scales_of(mode, scales)
 
 
-def quantize_act(x: Tensor, mode: str, scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+def quantize_act(
+    x: Tensor, mode: str, scale: Tensor | None = None, use_kernel: bool | None = None
+) -> tuple[Tensor, Tensor | None]:
     """Quantize a linear layer's input (modes ``fp8_static``, ``fp8_dynamic``, ``nvfp4``)."""
+    if not kernel_enabled(x.device, use_kernel):
+        return quantize_act_reference(x, mode, scale)
     out, scales = torch.ops.ocria.quantize_act(x, mode, scale)
-    return out, (scales if mode in ("fp8_dynamic", "nvfp4") else None)
+    return out, _scales_of(mode, scales)
