@@ -12,7 +12,7 @@ from ocria.cli import build_main
 from ocria.errors import ConfigError, OcriaError, RequestError
 from ocria.runtime import SamplingParams, load_engine
 from ocria.serving import protocol
-from ocria.serving.engine_loop import EngineLoop
+from ocria.serving.engine_loop import EngineLoop, EngineUnavailable
 from ocria.serving.repo import RepoOptions, parse_config, validate_repo, write_repo
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
@@ -124,7 +124,7 @@ def _collect(loop, engine, seeds, max_tokens=10, cancel_after=None):
             results.setdefault(seed, []).append(error if error else event)
             if error or event.finished:
                 if len(results) == len(seeds) and all(
-                        isinstance(r[-1], str) or r[-1].finished for r in results.values()):
+                        isinstance(r[-1], OcriaError) or r[-1].finished for r in results.values()):
                     done.set()
             elif cancel_after is not None and len(results[seed]) == cancel_after:
                 loop.cancel(keys[seed])
@@ -189,7 +189,8 @@ def test_dead_loop_fails_open_requests_and_refuses_new_ones(engine):
     loop.submit(prompt, SamplingParams(max_tokens=5), lambda e, err: errors.append(err))
     started.set()
     loop._thread.join(10)
-    assert errors == ["engine loop died: RuntimeError: device lost"]
+    assert [str(e) for e in errors] == ["engine loop died: RuntimeError: device lost"]
+    assert isinstance(errors[0], EngineUnavailable)
     assert deaths == ["RuntimeError: device lost"] and not loop.alive
     with pytest.raises(OcriaError, match="engine loop is not running: RuntimeError: device lost"):
         loop.submit(prompt, SamplingParams(max_tokens=5), lambda e, err: None)

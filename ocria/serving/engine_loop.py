@@ -21,8 +21,14 @@ from dataclasses import dataclass, field
 from ocria.errors import OcriaError
 from ocria.runtime import Event, GenerationStats, PreparedPrompt, SamplingParams
 
-# A sink gets (event, None) or (None, error message); an error is the request's final word.
-Sink = Callable[[Event | None, str | None], None]
+
+class EngineUnavailable(OcriaError):
+    """The loop is dead or shutting down: the request was fine, the engine cannot serve it."""
+
+
+# A sink gets (event, None) or (None, error); an error is the request's final word: a RequestError
+# (the request itself is bad) or EngineUnavailable.
+Sink = Callable[[Event | None, OcriaError | None], None]
 
 
 class LoopObserver:
@@ -124,7 +130,7 @@ class EngineLoop:
                 except queue.Empty:
                     break
                 if item[0] == "add":
-                    _deliver(item[4].sink, None, f"engine loop died: {self.error}")
+                    _deliver(item[4].sink, None, EngineUnavailable(f"engine loop died: {self.error}"))
             if self.on_death is not None:
                 self.on_death(self.error)
         finally:  # stop(): end what is still open with a final (cancelled) event
@@ -144,7 +150,7 @@ class EngineLoop:
                 try:
                     req.rid = self.scheduler.add(prompt, params)
                 except OcriaError as e:
-                    _deliver(req.sink, None, str(e))
+                    _deliver(req.sink, None, e)
                     continue
                 self._open[key] = req
                 self._by_rid[req.rid] = key
@@ -192,10 +198,10 @@ class EngineLoop:
         req = self._open.pop(key)
         self._by_rid.pop(req.rid, None)
         self.observer.finished(None, "error")
-        _deliver(req.sink, None, message)
+        _deliver(req.sink, None, EngineUnavailable(message))
 
 
-def _deliver(sink: Sink, event: Event | None, error: str | None) -> None:
+def _deliver(sink: Sink, event: Event | None, error: OcriaError | None) -> None:
     """A failing sink (a client gone away) must not kill the loop that serves everyone else."""
     try:
         sink(event, error)

@@ -18,7 +18,7 @@ import triton_python_backend_utils as pb_utils
 from ocria.errors import OcriaError
 from ocria.runtime import PreparedPrompt, load_engine
 from ocria.serving import protocol
-from ocria.serving.engine_loop import EngineLoop
+from ocria.serving.engine_loop import EngineLoop, EngineUnavailable
 from ocria.serving.metrics import ServingMetrics
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -44,8 +44,8 @@ class _Stream:
 
     def __call__(self, event, error):
         if error is not None:
-            self.sender.send(_error(error, pb_utils.TritonError.UNAVAILABLE if "loop" in error
-                                    or "shutting" in error else None), flags=FINAL)
+            code = pb_utils.TritonError.UNAVAILABLE if isinstance(error, EngineUnavailable) else None
+            self.sender.send(_error(str(error), code), flags=FINAL)
             return
         if event.finished or self.stream:
             text, ids = event.text, event.token_ids
