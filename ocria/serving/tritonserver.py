@@ -143,7 +143,6 @@ class TritonServer:
     host: str = "127.0.0.1"
     log_path: Path | None = None
     exit_timeout_s: int = 10
-    extra_args: tuple[str, ...] = ()
     binary: Path | None = None  # a specific tritonserver (default: see find_server)
     proc: subprocess.Popen | None = field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
@@ -170,7 +169,6 @@ class TritonServer:
             "--allow-gpu-metrics=false", f"--exit-timeout-secs={self.exit_timeout_s}",
             # explicit mode lets the engine model unload itself when its loop dies (readiness goes false)
             "--model-control-mode=explicit", "--load-model=*", "--strict-readiness=true",
-            *self.extra_args,
         ]
 
     def start(self) -> TritonServer:
