@@ -201,7 +201,7 @@ def test_accuracy_of_an_unquantized_export_is_exact(tmp_path, small_sizes):
 
 def test_auto_recipe_searches_under_budget(engines, tmp_path, small_sizes):
     report = json.loads((engines["auto"] / "accuracy.json").read_text())
-    assert report["auto"]["score"] == "kl_div"
+    assert report["auto"]["score"] == "kl_div" and report["auto"]["budget_met"]
     recipe = tmp_path / "auto12.yaml"
     recipe.write_text("name: auto12\nrules:\n  - {match: 'model.language_model.layers.*', format: fp8}\n"
                       "auto: {effective_bits: 12.0, formats: [fp8]}\n")
@@ -213,6 +213,8 @@ def test_auto_recipe_searches_under_budget(engines, tmp_path, small_sizes):
     bits = sum(numel[n] * (8 if formats.get(n) == "fp8" else 16) for n in searched) / sum(numel.values())
     assert bits <= 12.0 + 1e-6
     assert 0 < sum(1 for f in formats.values() if f == "fp8") < len(searched)  # a real mix, not all or nothing
+    auto = json.loads((engine / "accuracy.json").read_text())["auto"]
+    assert auto["budget_met"] and auto["effective_bits_chosen"] <= 12.0 + 1e-6
 
 
 def test_cer():

@@ -61,17 +61,20 @@ def _auto_quantize(model: OCRiaForConditionalGeneration, recipe: Recipe, samples
     bits = recipe.auto.effective_bits
     floor = min(FORMAT_BITS[f] for f in formats) if formats else 16.0
     if not formats:
-        return {"effective_bits_target": bits, "formats": [], "searched_layers": searchable}
+        return {"effective_bits_target": bits, "formats": [], "searched_layers": len(searchable)}
     if bits < floor:
         notes.append(f"auto: effective_bits {bits} is below what {formats} can reach; searched at {floor}")
         bits = floor
     batches = list(zip(samples, continuations, strict=True))
-    model, state = mtq.auto_quantize(
+    _, state = mtq.auto_quantize(
         model, constraints={"effective_bits": bits, "cost": {"excluded_module_name_patterns": disabled}},
         quantization_formats=[preset(f) for f in formats],
         data_loader=batches, forward_step=lambda m, b: _full_logits(m, *b), method=recipe.auto.score,
         disabled_layers=disabled, num_calib_steps=len(batches), num_score_steps=len(batches), verbose=False)
+    best = state.get("best", {})
     return {"effective_bits_target": recipe.auto.effective_bits, "effective_bits_searched": bits,
+            "effective_bits_chosen": best.get("constraints", {}).get("effective_bits"),  # ModelOpt's accounting
+            "budget_met": bool(best.get("is_satisfied", False)),
             "formats": formats, "score": recipe.auto.score, "searched_layers": len(searchable)}
 
 
