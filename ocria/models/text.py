@@ -62,10 +62,11 @@ class TextModel(nn.Module):
             fuse_linears(layer.mlp, ("gate_proj", "up_proj"))
 
     def set_plugins(self, use_kernel: bool | None) -> None:
-        """Choose the ReplaySSM implementation for every GDN layer (None: kernel on CUDA only)."""
-        for layer in self.layers:
-            if layer.layer_type == LINEAR:
-                layer.linear_attn.use_kernel = use_kernel
+        """One switch for every plugin kernel below this model (ReplaySSM in the GDN layers, and the
+        quantized linears' kernels when present): None = kernel on CUDA, reference elsewhere."""
+        for module in self.modules():
+            if hasattr(module, "use_kernel"):
+                module.use_kernel = use_kernel
 
     def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions [3, B, T] -> cos, sin [B, T, rotary_dim]."""
