@@ -288,3 +288,61 @@ def test_directory_calibration_set(tmp_path):
         check_calib_spec(str(tmp_path / "missing"))
     with pytest.raises(OcriaError, match="synthetic:N"):
         check_calib_spec("synthetic:zero")
+
+
+@pytest.mark.parametrize("algorithm", ["max", "awq_lite"])
+def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
+    """FP8 runs fake-quantized in ModelOpt on CPU, so the exported-and-loaded target can be checked
+    against ModelOpt's own quantized model end to end (prefill + teacher-forced decode logits), with
+    max calibration and with AWQ-lite (whose per-channel ``pre_quant_scale`` the loader applies)."""
+    import modelopt.torch.quantization as mtq
+
+    from ocria.quant.calibrate import calibration_set, forward_loop, run_document
+    from ocria.quant.export import export_target
+    from ocria.quant.load import PreScaledLinear, load_quantized_target
+    from ocria.quant.modelopt_cfg import quant_cfg
+    from ocria.runtime.processor import Processor
+
+    spec = load_preset("ocria-mini")
+    target_dir, _ = preset_checkpoints(spec, tmp_path / "src")
+    model = OCRiaForConditionalGeneration.from_pretrained(target_dir)
+    samples = calibration_set("synthetic:2", Processor(spec.assets))
+    bf16_tokens, bf16_logits = run_document(model, samples[0].prompt, 4)
+    mtq.quantize(model, quant_cfg(load_recipe("fp8"), algorithm), forward_loop(samples, 2))
+    from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
+
+    from ocria.quant.export import ExportView
+
+    with torch.no_grad():  # what export does first: layers sharing an input get one (AWQ: averaged) scale
+        requantize_resmooth_fused_llm_layers(ExportView(model))
+    _, fake = run_document(model, samples[0].prompt, 4, forced=bf16_tokens)
+    export_target(model, tmp_path / "q")
+    loaded = load_quantized_target(tmp_path / "q", dtype=torch.float32)
+    _, ours = run_document(loaded, samples[0].prompt, 4, forced=bf16_tokens)
+    prescaled = [m for m in loaded.modules() if isinstance(m, PreScaledLinear)]
+    assert bool(prescaled) == (algorithm == "awq_lite")
+    quant_error = (fake - bf16_logits).abs().max()
+    assert quant_error > 0
+    err = (ours - fake).abs().max()
+    if algorithm == "max":
+        assert err < 1e-5  # the executor is ModelOpt's quantized model, to float rounding
+    else:
+        # ModelOpt's exporter recomputes the amax of the AWQ-scaled weight one ulp away from its fake
+        # quantizer's, which flips a few E4M3 codes; without pre_quant_scale the error is ~10x quant_error
+        assert err < 0.25 * quant_error
+
+
+def test_awq_lite_with_nvfp4_on_cpu_falls_back_to_max(tmp_path):
+    from ocria.quant.build import calibration_algorithm
+
+    path = tmp_path / "awq.yaml"
+    path.write_text("name: awq\nalgorithm: awq_lite\nrules:\n  - {match: 'model.language_model.layers.*.mlp.*', "
+                    "format: nvfp4}\n  - {match: '*.self_attn.*', format: fp8}\n")
+    recipe = load_recipe(str(path))
+    notes: list[str] = []
+    formats = recipe.formats(_mini_modules())
+    assert calibration_algorithm(recipe, formats, cuda=True, notes=notes) == "awq_lite" and not notes
+    assert calibration_algorithm(recipe, formats, cuda=False, notes=notes) == "max"
+    assert "needs CUDA" in notes[0]
+    fp8_only = {n: "fp8" for n in formats}
+    assert calibration_algorithm(recipe, fp8_only, cuda=False, notes=[]) == "awq_lite"

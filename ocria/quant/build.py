@@ -78,6 +78,15 @@ def _auto_quantize(model: OCRiaForConditionalGeneration, recipe: Recipe, samples
             "formats": formats, "score": recipe.auto.score, "searched_layers": len(searchable)}
 
 
+def calibration_algorithm(recipe: Recipe, formats: dict[str, str], cuda: bool, notes: list[str]) -> str:
+    """The recipe's algorithm, except AWQ-lite with NVFP4 layers on CPU: ModelOpt's AWQ search runs
+    the NVFP4 fake quantizer, which needs CUDA, so such a build calibrates every layer with max."""
+    if recipe.algorithm == "awq_lite" and not cuda and "nvfp4" in formats.values():
+        notes.append("awq_lite needs CUDA for NVFP4 layers: this CPU build calibrated every layer with max")
+        return "max"
+    return recipe.algorithm
+
+
 def _save_plain(model: OCRiaForConditionalGeneration, directory: Path) -> None:
     import json
 
@@ -114,14 +123,16 @@ def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_
     bar.update()
     notes: list[str] = []
     planned = recipe.formats(dict(model.named_modules()))
-    search = None
+    search, algorithm = None, "max"
     bar.set_postfix_str("calibration")
     if recipe.auto is not None:
         continuations = [teacher_pass(model, [s], calib_decode_steps)[0].tokens for s in samples]
         search = _auto_quantize(model, recipe, samples, continuations, notes)
         bar.update(len(samples))
     elif recipe.quantizes:
-        mtq.quantize(model, quant_cfg(recipe), forward_loop(samples, calib_decode_steps, lambda i: bar.update()))
+        algorithm = calibration_algorithm(recipe, planned, _cuda(model), notes)
+        mtq.quantize(model, quant_cfg(recipe, algorithm),
+                     forward_loop(samples, calib_decode_steps, lambda i: bar.update()))
     else:
         bar.update(len(samples))
     bar.set_postfix_str("export")
@@ -155,7 +166,7 @@ def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_
     report = {
         "recipe": recipe.name,
         "recipe_source": recipe.source,
-        "calibration": {"set": calib_spec, "documents": len(samples), "algorithm": recipe.algorithm,
+        "calibration": {"set": calib_spec, "documents": len(samples), "algorithm": algorithm,
                         "passes": f"prefill + {calib_decode_steps} greedy decode steps per document",
                         "device": str(device)},
         "heldout": {"documents": len(heldout), "decode_steps": heldout_decode_steps},

@@ -22,7 +22,20 @@ from ocria.models.target import IGNORED_TENSORS
 from ocria.quant.export import layer_formats, read_quant_config
 from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
 
-TENSOR_SUFFIXES = ("weight", "bias", "weight_scale", "weight_scale_2", "input_scale")
+TENSOR_SUFFIXES = ("weight", "bias", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale")
+
+
+class PreScaledLinear(nn.Module):
+    """A quantized linear whose input is first multiplied per channel by ModelOpt's AWQ
+    ``pre_quant_scale`` (the exported weight already carries the inverse scale)."""
+
+    def __init__(self, linear: QuantLinear, pre_quant_scale: Tensor):
+        super().__init__()
+        self.linear = linear
+        self.register_buffer("pre_quant_scale", pre_quant_scale.float().reshape(-1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear(x * self.pre_quant_scale.to(x.dtype))
 
 
 def _rows(fused: QuantLinear, source: QuantLinear, start: int) -> QuantLinear:
@@ -85,6 +98,7 @@ def load_quantized_target(directory: str | Path, dtype: torch.dtype = torch.bflo
     names = [f"{layer}.{s}" for layer in formats for s in TENSOR_SUFFIXES if f"{layer}.{s}" in files]
     tensors = {k: v.to(device) for k, v in read_tensors(directory, names).items()}
     linears = {name: QuantLinear.from_tensors(tensors, name + ".") for name in formats}
+    pre_scales = {name: tensors[f"{name}.pre_quant_scale"] for name in formats if f"{name}.pre_quant_scale" in tensors}
     quant_patterns = tuple(rf"^{re.escape(layer)}\." for layer in formats)
     tied = (r"^lm_head\.",) if cfg.text.tie_word_embeddings else ()
     for name in formats:  # placeholders so load_module neither wants nor refuses their tensors
@@ -93,8 +107,8 @@ def load_quantized_target(directory: str | Path, dtype: torch.dtype = torch.bflo
                 optional=tied)
     model.tie_weights()
     for name, linear in linears.items():
-        _set(model, name, linear)
-    _fuse_mlps(model, linears)
+        _set(model, name, PreScaledLinear(linear, pre_scales[name]) if name in pre_scales else linear)
+    _fuse_mlps(model, {n: lin for n, lin in linears.items() if n not in pre_scales})
     return model.eval()
 
 

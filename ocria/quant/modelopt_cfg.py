@@ -40,8 +40,8 @@ def protected_entries(allow_vision_quant: bool) -> list[dict]:
     return entries
 
 
-def quant_cfg(recipe: Recipe) -> dict:
-    """The ``mtq.quantize`` config of a rule-based recipe."""
+def quant_cfg(recipe: Recipe, algorithm: str | None = None) -> dict:
+    """The ``mtq.quantize`` config of a rule-based recipe (``algorithm`` overrides the recipe's)."""
     entries: list[dict] = [{"quantizer_name": "*", "enable": False}]
     for rule in recipe.rules:
         if rule.format == "bf16":
@@ -51,4 +51,4 @@ def quant_cfg(recipe: Recipe) -> dict:
         for kind in ("weight", "input"):
             entries.append({"quantizer_name": f"{rule.match}.{kind}_quantizer", "cfg": copy.deepcopy(attrs[kind])})
     entries += protected_entries(recipe.allow_vision_quant)
-    return {"quant_cfg": entries, "algorithm": recipe.algorithm}
+    return {"quant_cfg": entries, "algorithm": algorithm or recipe.algorithm}
