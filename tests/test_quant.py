@@ -346,3 +346,11 @@ def test_awq_lite_with_nvfp4_on_cpu_falls_back_to_max(tmp_path):
     assert "needs CUDA" in notes[0]
     fp8_only = {n: "fp8" for n in formats}
     assert calibration_algorithm(recipe, fp8_only, cuda=False, notes=[]) == "awq_lite"
+
+
+def test_plugin_switch_reaches_quantized_mlps(engines):
+    engine = load_engine(engines["mixed"], use_plugins=False)
+    from ocria.quant.load import QuantSwiGLU
+
+    mlps = [m for m in engine.target.modules() if isinstance(m, QuantSwiGLU)]
+    assert mlps and all(m.use_kernel is False and m.gate_up.use_kernel is False for m in mlps)
