@@ -116,3 +116,10 @@ def test_bad_input_one_line_errors(tmp_path, engine_dir, capsys):
 def test_missing_engine(tmp_path, capsys):
     assert main(["run", "--engine", str(tmp_path / "none"), "--image", str(EXAMPLE)]) == 2
     assert "engine directory not found" in capsys.readouterr().err
+
+
+def test_bad_calibration_set_refused_before_work(tmp_path, capsys):
+    args = ["engine", "--out", str(tmp_path / "q"), "--recipe", "fp8", "--calib", str(tmp_path / "no-such-dir")]
+    assert build_main(args) == 2
+    assert "no-such-dir" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -47,9 +47,11 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
     spec = load_preset(preset)
     quant = None
     if recipe not in (None, "bf16"):
+        from ocria.quant.calibrate import check_calib_spec
         from ocria.quant.recipe import load_recipe
 
-        quant = load_recipe(recipe, allow_vision_quant=allow_vision_quant)  # refuse bad recipes before any work
+        quant = load_recipe(recipe, allow_vision_quant=allow_vision_quant)  # refuse bad input before any work
+        check_calib_spec(calib)
     build_profile = {**spec.profile, **(profile or {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
