@@ -21,11 +21,11 @@ import datetime
 import json
 import os
 import shlex
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+from timing import time_calls
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.silu_quant import quantize_act_reference, silu_mul_quant, silu_mul_quant_reference
@@ -44,33 +44,6 @@ def copy_bandwidth() -> float:
     a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
     return 2 * 4 * a.numel() / (time_calls([lambda: torch.mul(a, 1.0, out=b)], min_calls=10) * 1e-6)
-
-
-def time_calls(fns: list, min_calls: int = 20, replays: int = 15) -> float:
-    """Median µs per call of a CUDA graph that runs the closures round-robin (>= min_calls calls)."""
-    reps = max(1, -(-min_calls // len(fns)))
-    calls = fns * reps
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for f in calls:
-            f()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times)
 
 
 def unfused(gate_up: torch.Tensor, mode: str, scale: torch.Tensor | None):

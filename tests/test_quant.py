@@ -13,9 +13,9 @@ import ocria.quant.build as qbuild
 from ocria.builder.engine import build_engine
 from ocria.builder.presets import load_preset, preset_checkpoints
 from ocria.cli import build_main
+from ocria.data.metrics import cer, edit_distance
 from ocria.errors import OcriaError
 from ocria.models import OCRiaForConditionalGeneration
-from ocria.quant.accuracy import cer, edit_distance
 from ocria.quant.export import layer_formats, read_quant_config
 from ocria.quant.recipe import PROTECTED, RECIPE_DIR, load_recipe
 from ocria.runtime import SamplingParams, load_engine

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ocria.data.metrics import cer
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.quant.calibrate import Sample, run_document
 
@@ -18,21 +19,6 @@ from ocria.quant.calibrate import Sample, run_document
 class Reference:
     tokens: list[int]
     logits: torch.Tensor  # [N + 1, V] fp32
-
-
-def edit_distance(a: str, b: str) -> int:
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
-
-
-def cer(hypothesis: str, truth: str) -> float:
-    """Character error rate: edit distance / length of the truth."""
-    return edit_distance(hypothesis, truth) / max(1, len(truth))
 
 
 def teacher_pass(model: OCRiaForConditionalGeneration, samples: list[Sample], decode_steps: int) -> list[Reference]:

@@ -6,22 +6,10 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from ocria.data import dataset
+from ocria.data.metrics import edit_distance
 from ocria.runtime.engine import Engine
 from ocria.runtime.sampling import SamplingParams
 from ocria.train.gdn_chunked import chunked_gdn
-
-
-def edit_distance(a: str, b: str) -> int:
-    """Levenshtein distance (insert, delete, substitute each cost 1)."""
-    if len(a) < len(b):
-        a, b = b, a
-    prev = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        cur = [i]
-        for j, cb in enumerate(b, 1):
-            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
-        prev = cur
-    return prev[-1]
 
 
 def heldout_pngs(n: int, start: int = 0) -> list[tuple[bytes, str]]:

@@ -6,25 +6,13 @@ what callers use: ``use_kernel`` is the one switch (None: the Triton kernel on C
 PyTorch reference elsewhere; True on CPU runs the kernel in Triton's interpreter, TRITON_INTERPRET=1).
 """
 
-import os
-
 import torch
 from torch import Tensor
 
-from ocria.errors import OcriaError
 from ocria.plugins.replay_ssm.reference import causal_conv_verify_ref, replay_verify_ref
+from ocria.plugins.switch import kernel_enabled
 
 _RING = ("state", "ring_k", "ring_v", "ring_g", "ring_beta")
-
-
-def kernel_enabled(device: torch.device, use_kernel: bool | None = None) -> bool:
-    """Resolve the switch: whether the Triton kernel (True) or the PyTorch reference (False) runs."""
-    if use_kernel is None:
-        return device.type == "cuda"
-    if use_kernel and device.type != "cuda":
-        if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
-            raise OcriaError(f"replay_ssm kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
-    return use_kernel
 
 
 @torch.library.custom_op("ocria::replay_verify", mutates_args=_RING)

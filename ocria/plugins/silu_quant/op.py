@@ -6,25 +6,13 @@ Fake implementations give shapes and dtypes so CUDA graphs and ``torch.compile``
 The ops' second output is an empty tensor for modes without scales (``bf16``, ``fp8_static``).
 """
 
-import os
-
 import torch
 from torch import Tensor
 
-from ocria.errors import OcriaError
 from ocria.plugins.numerics import NVFP4_BLOCK
 from ocria.plugins.silu_quant.kernel import quantize_act_triton, silu_mul_quant_triton
 from ocria.plugins.silu_quant.reference import quantize_act_reference, silu_mul_quant_reference
-
-
-def kernel_enabled(device: torch.device, use_kernel: bool | None = None) -> bool:
-    """Resolve the switch: whether the Triton kernel (True) or the PyTorch reference (False) runs."""
-    if use_kernel is None:
-        return device.type == "cuda"
-    if use_kernel and device.type != "cuda":
-        if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
-            raise OcriaError(f"silu_quant kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
-    return use_kernel
+from ocria.plugins.switch import kernel_enabled
 
 
 def _pack(result: tuple[Tensor, Tensor | None], like: Tensor) -> tuple[Tensor, Tensor]:
