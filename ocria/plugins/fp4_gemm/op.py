@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ocria.plugins.fp4_gemm.kernel import nvfp4_gemm_triton
 from ocria.plugins.fp4_gemm.reference import nvfp4_gemm_reference
-from ocria.plugins.silu_quant.op import kernel_enabled
+from ocria.plugins.switch import kernel_enabled
 
 
 @torch.library.custom_op("ocria::nvfp4_gemm", mutates_args=())
