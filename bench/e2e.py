@@ -146,7 +146,7 @@ def run_mode(target, drafter, prompt, rows, mode, table, args):
     t0 = time.perf_counter()
     first = prefill_rows(target, real, tcache, dcache, prompt, rows)
     torch.cuda.synchronize()
-    ttft_ms = (time.perf_counter() - t0) / rows * 1e3
+    ttft_ms = (time.perf_counter() - t0) * 1e3  # one prompt prefill (the other rows copy its state)
     tokens = [[t] for t in first]
     step_ms, wall_ms, acc_total = [], [], 0
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
