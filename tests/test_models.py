@@ -189,3 +189,18 @@ def test_fused_projections_compute_the_same(checkpoints):
     assert set(model.state_dict()) == names  # checkpoints keep their HF names
     assert "_fused" in model.text.layers[0].self_attn.__dict__
     assert rel_err(fused, plain) <= 1e-5
+
+
+def test_chunked_prefill_recurrence_matches(checkpoints, monkeypatch):
+    """The chunked GDN recurrence (used for long CUDA prefills) gives the sequential loop's logits."""
+    from ocria.models import gdn
+
+    cfg, _, path = checkpoints["default"]
+    model = OCRiaForConditionalGeneration.from_pretrained(path)
+    ids, grid = image_prompt((4, 6), text_after=tuple(range(9, 40)))
+    pv = pixels(grid, cfg["vision_config"])
+    with torch.no_grad():
+        sequential = model(ids[None], pv, grid)
+        monkeypatch.setattr(gdn, "gated_delta_rule", lambda *a: gdn.chunk_gated_delta_rule(*a, chunk=16))
+        chunked = model(ids[None], pv, grid)
+    assert rel_err(chunked, sequential) <= 1e-5

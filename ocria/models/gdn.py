@@ -13,11 +13,13 @@ from torch import Tensor, nn
 
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
+from ocria.models.gdn_chunked import chunk_gated_delta_rule
 from ocria.models.layers import GatedRMSNorm, project
 from ocria.plugins.replay_ssm import ops
 from ocria.plugins.replay_ssm.reference import delta_step, fold_pending, gdn_gates, l2norm
 
 PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+CHUNKED_FROM = 32  # CUDA prefill lengths above this use the chunked recurrence
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor):
@@ -34,6 +36,15 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
         S = delta_step(S, kn[:, t], vf[:, t], g[:, t], beta[:, t])
         out[:, t] = torch.einsum("bhkv,bhk->bhv", S, qn[:, t])
     return out, S
+
+
+def prefill_recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor):
+    """The GDN recurrence of a no-cache or prefill pass. On CUDA, long inputs take the chunked form
+    (T / 64 sequential steps instead of T kernel-launch-bound ones); elsewhere, and for short inputs,
+    the per-token reference loop."""
+    if q.is_cuda and q.shape[1] > CHUNKED_FROM:
+        return chunk_gated_delta_rule(q, k, v, g, beta, state)
+    return gated_delta_rule(q, k, v, g, beta, state)
 
 
 class GatedDeltaNet(nn.Module):
@@ -108,7 +119,7 @@ class GatedDeltaNet(nn.Module):
             else:
                 state = fold_pending(cache.ssm[i], cache.ring_k[i], cache.ring_v[i], cache.ring_g[i],
                                      cache.ring_beta[i], cache.ring_phase, cache.pending_len, slots)
-            o, state = gated_delta_rule(q, k, v, g, beta, state)
+            o, state = prefill_recurrence(q, k, v, g, beta, state)
             if cache is not None:
                 cache.ssm[i][slots] = state
         o = self.norm(o.to(x.dtype), z)
