@@ -48,6 +48,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
+                   help="share of the GPU the caches may fill (CUDA): sizes the number of sequence slots")
     p.add_argument("--plugins", choices=("auto", "on", "off"), default="auto",
                    help="Triton plugin kernels: auto = on CUDA only")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
@@ -60,7 +62,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), mode=args.mode)
     params.check(max_new_tokens=1 << 30)  # reject bad sampling flags before loading anything
     plugins = {"auto": None, "on": True, "off": False}[args.plugins]
-    engine = load_engine(args.engine, device=args.device, use_plugins=plugins)
+    engine = load_engine(args.engine, device=args.device, use_plugins=plugins,
+                         gpu_memory_fraction=args.gpu_memory_fraction)
     text, ids, final = [], [], None
     for event in engine.generate(Path(args.image), args.prompt, params):
         text.append(event.text)

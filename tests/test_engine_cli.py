@@ -100,6 +100,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "temperature": (["--temperature", "-1"], "temperature must be >= 0"),
         "top_p_0": (["--top-p", "0"], "top_p must be in (0, 1]"),
         "top_p_big": (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        "memory_fraction": (["--gpu-memory-fraction", "0"], "gpu_memory_fraction must be in (0, 1]"),
     }
 
 
@@ -123,3 +124,21 @@ def test_bad_calibration_set_refused_before_work(tmp_path, capsys):
     assert build_main(args) == 2
     assert "no-such-dir" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_slots_sized_from_free_gpu_memory(engine_dir):
+    from ocria.models.cache import cache_bytes
+    from ocria.runtime.engine import plan_batch_size
+
+    engine = load_engine(engine_dir)
+    per_slot = engine.slot_bytes()
+    sched = engine.scheduler(max_batch_size=3)
+    real = cache_bytes(sched.tcache) + cache_bytes(sched.dcache)
+    assert per_slot > real / 3  # the caches of one slot, plus the step's logits
+    gib = 1 << 30
+    assert plan_batch_size(10 * gib, 16 * gib, 0.9, gib, 64) == 7  # 10 - 1.6 GiB fit 8 slots, one is spare
+    assert plan_batch_size(100 * gib, 140 * gib, 0.9, gib, 64) == 64
+    with pytest.raises(Exception, match="not enough GPU memory for one sequence"):
+        plan_batch_size(gib, 16 * gib, 0.9, gib, 8)
+    with pytest.raises(Exception, match="gpu_memory_fraction must be in"):
+        plan_batch_size(gib, 16 * gib, 1.5, gib, 8)

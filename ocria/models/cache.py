@@ -18,6 +18,12 @@ from torch import Tensor
 from ocria.models.config import FULL, LINEAR, TextConfig
 
 
+def cache_bytes(cache: "TargetCache | DrafterCache") -> int:
+    """Bytes held by a cache's tensors (allocate it on ``meta`` to size a configuration for free)."""
+    tensors = [t for v in vars(cache).values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 @dataclass
 class TargetCache:
     k: list[Tensor]

@@ -7,10 +7,28 @@ import torch
 
 from ocria.errors import OcriaError, RequestError
 from ocria.manifest import verify_engine
-from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
+from ocria.models.cache import cache_bytes
 from ocria.runtime.processor import PreparedPrompt, Processor
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
+
+
+def check_fraction(fraction: float) -> None:
+    if not 0 < fraction <= 1:
+        raise OcriaError(f"gpu_memory_fraction must be in (0, 1], got {fraction}")
+
+
+def plan_batch_size(free_bytes: int, total_bytes: int, fraction: float, slot_bytes: int, requested: int) -> int:
+    """Sequence slots that fit: the caches may use what is free now, minus the part of the device's
+    memory kept out of reach (1 - fraction); never more than requested, and at least one or an error."""
+    check_fraction(fraction)
+    budget = free_bytes - (1 - fraction) * total_bytes
+    fit = int(budget // slot_bytes) - 1  # one spare slot pads CUDA-graph buckets
+    if fit < 1:
+        raise OcriaError(f"not enough GPU memory for one sequence: a slot needs {slot_bytes / 2**20:.0f} MiB, "
+                         f"{max(budget, 0) / 2**20:.0f} MiB are available at gpu_memory_fraction={fraction}")
+    return min(requested, fit)
 
 
 def load_target(directory: Path, dtype: torch.dtype, device: str) -> OCRiaForConditionalGeneration:
@@ -26,8 +44,10 @@ class Engine:
     """Target + drafter + processor of one engine directory, on one device."""
 
     def __init__(self, root: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                 use_plugins: bool | None = None, verify: bool = True, use_graphs: bool | None = None):
+                 use_plugins: bool | None = None, verify: bool = True, use_graphs: bool | None = None,
+                 gpu_memory_fraction: float = 0.9):
         self.root = Path(root)
+        check_fraction(gpu_memory_fraction)
         if not self.root.is_dir():
             raise OcriaError(f"{self.root}: engine directory not found")
         self.manifest = verify_engine(self.root) if verify else {}
@@ -52,8 +72,23 @@ class Engine:
         self.drafter = (DFlash2Drafter.from_pretrained(drafter_dir, self.target, self.dtype, str(self.device))
                         if drafter_dir.is_dir() else None)
         self.block_size = self.drafter.config.block_size if self.drafter else 1
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.max_batch_size = plan_batch_size(free, total, gpu_memory_fraction, self.slot_bytes(),
+                                                  self.max_batch_size)
         if self.drafter is not None:
             self.drafter.fuse_projections()
+
+    def slot_bytes(self) -> int:
+        """Device bytes one sequence slot needs: its caches at the engine's max length, plus the
+        step's per-row logits (target fp32, drafter in the model dtype) and sampling scratch."""
+        length, block = self.max_seq_len + self.block_size, self.block_size
+        total = cache_bytes(TargetCache.allocate(self.target.text_config, 1, length, block, self.dtype, "meta"))
+        if self.drafter is not None:
+            c = self.drafter.config
+            total += cache_bytes(DrafterCache.allocate(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 1,
+                                                       length, self.dtype, "meta"))
+        return total + block * self.target.text_config.vocab_size * (4 + 2 + 8)
 
     def check(self, prompt: PreparedPrompt, params: SamplingParams) -> None:
         """Validate a request against this engine; RequestError with a one-line reason."""
