@@ -28,6 +28,7 @@ import torch
 from ocria.builder.presets import load_preset, random_models
 from ocria.data import LONG_PAGE, generate
 from ocria.models import DrafterCache, TargetCache
+from ocria.models.cache import cache_tensors
 from ocria.models.config import LINEAR
 from ocria.runtime.decode import SamplingTensors, prefill
 from ocria.runtime.graphs import GraphDecoder
@@ -111,10 +112,8 @@ def prefill_rows(target, drafter, tcache, dcache, prompt, rows) -> list[int]:
     dst = torch.arange(1, rows, device="cuda")
     caches = [tcache] + ([dcache] if dcache is not None else [])
     for cache in caches:
-        for value in vars(cache).values():
-            for t in value if isinstance(value, list) else [value]:
-                if isinstance(t, torch.Tensor):
-                    t[dst] = t[0].clone()
+        for t in cache_tensors(cache):
+            t[dst] = t[0].clone()
     return [first] * rows
 
 

@@ -18,10 +18,14 @@ from torch import Tensor
 from ocria.models.config import FULL, LINEAR, TextConfig
 
 
+def cache_tensors(cache: "TargetCache | DrafterCache") -> list[Tensor]:
+    """Every tensor of a cache (each indexed by slot first)."""
+    return [t for v in vars(cache).values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, Tensor)]
+
+
 def cache_bytes(cache: "TargetCache | DrafterCache") -> int:
     """Bytes held by a cache's tensors (allocate it on ``meta`` to size a configuration for free)."""
-    tensors = [t for v in vars(cache).values() for t in (v if isinstance(v, list) else [v]) if isinstance(t, Tensor)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return sum(t.numel() * t.element_size() for t in cache_tensors(cache))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from ocria.models.config import TextConfig
 from ocria.models.gdn_chunked import chunk_gated_delta_rule
 from ocria.models.layers import GatedRMSNorm, project
 from ocria.plugins.replay_ssm import ops
-from ocria.plugins.replay_ssm.reference import delta_step, fold_pending, gdn_gates, l2norm
+from ocria.plugins.replay_ssm.reference import conv_window, delta_step, fold_pending, gdn_gates, l2norm
 
 PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 CHUNKED_FROM = 32  # CUDA prefill lengths above this use the chunked recurrence
@@ -88,12 +88,10 @@ class GatedDeltaNet(nn.Module):
             window = qkv.new_zeros(B, C, W)
         else:
             buf = cache.conv_buf[self.cache_index]
-            start = cache.pending_len[slots].long()
-            idx = (start[:, None] + torch.arange(W, device=qkv.device))[:, None, :].expand(B, C, W)
-            window = buf[slots].gather(2, idx).to(qkv.dtype)
+            window = conv_window(buf, cache.pending_len, slots, W).to(qkv.dtype)
         full = torch.cat([window, qkv.transpose(1, 2)], dim=2)
         if cache is not None:
-            cache.conv_buf[self.cache_index][slots, :, :W] = full[:, :, -W:].to(buf.dtype)
+            buf[slots, :, :W] = full[:, :, -W:].to(buf.dtype)
         y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
         return F.silu(y).transpose(1, 2).to(qkv.dtype)
 

@@ -126,6 +126,15 @@ def replay_verify_ref(
     return out.to(v.dtype)
 
 
+def conv_window(conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, width: int) -> Tensor:
+    """Each slot's committed conv window [B, C, width]: the ``width`` raw inputs ending at its cursor."""
+    buf = conv_buf[slot_ids]
+    B, C = buf.shape[:2]
+    start = pending_len[slot_ids].long()
+    idx = (start[:, None] + torch.arange(width, device=buf.device)[None, :])[:, None, :].expand(B, C, width)
+    return buf.gather(2, idx)
+
+
 def causal_conv_verify_ref(
     x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor
 ) -> Tensor:
@@ -134,13 +143,10 @@ def causal_conv_verify_ref(
     x [B, T, C]; weight [C, K]; conv_buf [S, C, K-1+Tmax] (mutated: ``[:, :, :K-1+T]`` becomes the
     committed window followed by the T new inputs). Returns y [B, T, C] in x's dtype.
     """
-    B, T, C = x.shape
+    T, C = x.shape[1:]
     W = weight.shape[-1] - 1
-    buf = conv_buf[slot_ids]
-    start = pending_len[slot_ids].long()
-    idx = (start[:, None] + torch.arange(W, device=x.device)[None, :])[:, None, :].expand(B, C, W)
-    window = buf.gather(2, idx)
-    full = torch.cat([window, x.transpose(1, 2).to(buf.dtype)], dim=2)
+    window = conv_window(conv_buf, pending_len, slot_ids, W)
+    full = torch.cat([window, x.transpose(1, 2).to(conv_buf.dtype)], dim=2)
     y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
     conv_buf[slot_ids, :, : W + T] = full
     return F.silu(y).transpose(1, 2).to(x.dtype)
