@@ -27,7 +27,7 @@ def test_default_build_is_fast_atomic_and_refuses_overwrite(tmp_path, capsys):
     assert set(manifest["files"]) == {"target/config.json", "target/model.safetensors", "drafter/config.json",
                                       "drafter/model.safetensors", "tokenizer/tokenizer.json",
                                       "tokenizer/tokenizer_config.json", "tokenizer/preprocessor_config.json"}
-    assert manifest["profile"]["block_size"] == 8 and manifest["recipe"] == "bf16"
+    assert manifest["profile"]["block_size"] == 16 and manifest["recipe"] == "bf16"
     assert manifest["sources"]["target"]["files"]["model.safetensors"]["sha256"]
     assert [p.name for p in tmp_path.iterdir()] == ["eng"]  # no temporary left behind
     assert build_main(["engine", "--out", str(tmp_path / "eng")]) == 2

@@ -124,8 +124,8 @@ def test_rollback_state_equals_model_that_saw_only_accepted(engine):
     n = int(tc.kv_len[s])
     slot = torch.tensor([s])
     for i in range(len(tc.k)):
-        torch.testing.assert_close(tc.k[i][s, :, :n], fresh.k[i][0, :, :n], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(tc.v[i][s, :, :n], fresh.v[i][0, :, :n], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(tc.k[i][s, :, :n], fresh.k[i][0, :, :n], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(tc.v[i][s, :, :n], fresh.v[i][0, :, :n], rtol=1e-4, atol=1e-5)
     W = engine.target.text_config.linear_conv_kernel_dim - 1
     for i in range(len(tc.ssm)):
         ours = fold_pending(tc.ssm[i], tc.ring_k[i], tc.ring_v[i], tc.ring_g[i], tc.ring_beta[i], tc.ring_phase,

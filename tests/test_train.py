@@ -40,6 +40,7 @@ def tiny_preset(tmp_path_factory) -> str:
     raw["target"]["text_config"].update(hidden_size=64, intermediate_size=96, num_attention_heads=2,
                                         num_key_value_heads=1, head_dim=32, linear_num_key_heads=1,
                                         linear_num_value_heads=2, linear_key_head_dim=16, linear_value_head_dim=16)
+    raw["target"]["text_config"]["rope_parameters"]["mrope_section"] = [2, 1, 1]  # rotary dim 8 of head_dim 32
     raw["target"]["vision_config"].update(depth=1, hidden_size=32, intermediate_size=48, num_heads=2,
                                           out_hidden_size=64)
     raw["drafter"].update(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2,

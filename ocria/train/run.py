@@ -223,6 +223,7 @@ class Run:
             raise OcriaError(f"{name}: warmup {warmup} is too short to time the steps before it ends (>= 41)")
         last_save = time.time()
         t_start, step_start = time.time(), step
+        skipped = bad_run = 0
 
         def save() -> None:
             tensors = ckpt.module_tensors("model", model)
@@ -242,7 +243,15 @@ class Run:
                 opt.zero_grad()
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
+                if torch.isfinite(gnorm):  # one non-finite batch must not poison the weights
+                    opt.step()
+                    bad_run = 0
+                else:
+                    skipped, bad_run = skipped + 1, bad_run + 1
+                    self.run["stages"].setdefault(f"{name}_skipped", []).append(step)
+                    if bad_run >= 20:
+                        raise OcriaError(f"{name}: 20 steps in a row with a non-finite gradient (at step {step}): "
+                                         f"lower the learning rate and resume from the last checkpoint")
                 step += 1
                 if step == timing_from:
                     t_timing = time.time()
@@ -257,6 +266,7 @@ class Run:
                     rate = (step - step_start) / (time.time() - t_start)
                     history.append({"step": step, "loss": round(loss.item(), 5), "lr": cur_lr,
                                     "grad_norm": round(float(gnorm), 4), "steps_per_s": round(rate, 3),
+                                    "skipped": skipped,
                                     **{k: round(v, 5) for k, v in stats.items()}})
                     self.log(f"{name} step {step}/{steps} loss {loss.item():.4f} lr {cur_lr:.2e} "
                              f"{rate:.2f} it/s {stats}")
