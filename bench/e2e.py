@@ -125,9 +125,12 @@ def run_mode(target, drafter, prompt, rows, mode, table, args):
     T = dc.block_size if spec else 1
     steps = args.tokens if not spec else args.tokens + 2
     max_len = L + (steps + 2) * T + 64
-    tcache = TargetCache.allocate(cfg, rows + 1, max_len, dc.block_size, torch.bfloat16, "cuda")
+    # Caches in the weights' dtype, as the engine allocates them: an fp32 model over bf16 caches reads
+    # earlier tokens back rounded in ar steps but not inside a verify block, which is bf16-sized path noise.
+    dtype = next(target.parameters()).dtype
+    tcache = TargetCache.allocate(cfg, rows + 1, max_len, dc.block_size, dtype, "cuda")
     dcache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, rows + 1, max_len,
-                                   torch.bfloat16, "cuda") if spec else None
+                                   dtype, "cuda") if spec else None
     use = {"ar": None, "spec": drafter, "oracle": ForcedDrafter(drafter, table, None)}.get(mode)
     if mode.startswith("tau="):
         use = ForcedDrafter(drafter, table, float(mode[4:]))
