@@ -22,7 +22,7 @@ from ocria.plugins.replay_ssm.ops import causal_conv_verify, kernel_enabled, rep
 
 if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
-from ocria.plugins.replay_ssm.kernel import replay_verify_kernel  # noqa: E402
+from ocria.plugins.replay_ssm.kernel import replay_verify_kernel, token_rows  # noqa: E402
 
 
 def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
@@ -129,7 +129,7 @@ def test_replay_matches_float64_recurrence(use_kernel, dtype, seed):
 def _small_case(T=5, Tmax=8, B=2, S=4, Hk=1, Hv=2, D=16, C=12, KW=4):
     gen = torch.Generator().manual_seed(7)
     r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
-    slot_ids = torch.tensor([3, 1])
+    slot_ids = torch.tensor([3, 1])[:B]
     verify = (
         r(B, T, Hk, D), r(B, T, Hk, D), r(B, T, Hv, D), r(B, T, Hv), r(B, T, Hv), r(Hv) - 2, r(Hv),
         r(S, Hv, D, D) * 0.1, R.l2norm(r(S, 2, Tmax, Hk, D)), r(S, 2, Tmax, Hv, D), -r(S, 2, Tmax, Hv).abs(),
@@ -149,6 +149,31 @@ def test_kernel_and_reference_agree_on_buffers():
         torch.testing.assert_close(op(*mine, use_kernel=True), ref(*theirs), rtol=1e-4, atol=1e-5)
         for got, want in zip(mine, theirs, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _as_fused_views(*parts: torch.Tensor) -> list[torch.Tensor]:
+    """The same values as views into one [B, T, sum of widths] tensor, like a fused projection's outputs."""
+    B, T = parts[0].shape[:2]
+    flat = [p.reshape(B, T, -1) for p in parts]
+    fused = torch.cat(flat + [torch.zeros(B, T, 3)], dim=-1)  # 3 unused columns: rows are not dense
+    views = torch.split(fused, [f.shape[-1] for f in flat] + [3], dim=-1)[:-1]
+    return [v.unflatten(-1, p.shape[2:]) for v, p in zip(views, parts, strict=True)]
+
+
+@pytest.mark.parametrize("T,B", [(5, 2), (1, 2), (5, 1)])
+def test_kernels_read_strided_token_rows(T, B):
+    """q/k/v/a/b and the conv input arrive as column slices of fused GEMM outputs: the kernels take
+    them as they are (no copy) and give bit-identical outputs and buffers to contiguous inputs."""
+    verify, conv = _small_case(T=T, B=B)
+    strided_verify = (*_as_fused_views(*verify[:5]), *verify[5:])
+    strided_conv = (*_as_fused_views(conv[0]), *conv[1:])
+    assert all(token_rows(t)[0] is t for t in strided_verify[:5] + strided_conv[:1])
+    for op, args, strided, n in ((replay_verify, verify, strided_verify, 5),
+                                 (causal_conv_verify, conv, strided_conv, 1)):
+        plain = [t.clone() for t in args]
+        views = [*strided[:n], *(t.clone() for t in args[n:])]
+        assert torch.equal(op(*plain, use_kernel=True), op(*views, use_kernel=True))
+        assert all(torch.equal(x, y) for x, y in zip(plain[n:], views[n:], strict=True))
 
 
 def test_opcheck():

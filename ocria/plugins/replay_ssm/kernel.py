@@ -20,6 +20,8 @@ Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no p
 writes what another one reads; the shared k/g/beta entries are written by the tile-0 program only.
 """
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -74,7 +76,7 @@ def _tril_inverse(kk, gc, beta, n_rows, TP: tl.constexpr):
 def _replay_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_ptr, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
-    o_ptr, T, Tmax, scale, eps,
+    o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
@@ -115,16 +117,16 @@ def _replay_verify_kernel(
     mt = rt < T
     row = (i_b * T + rt).to(tl.int64)
     mtk = mt[:, None] & mk[None, :]
-    k_rows = k_ptr + (row * HK + hk) * DK
-    q_rows = q_ptr + (row * HK + hk) * DK
+    k_rows = k_ptr + row * sk + hk * DK
+    q_rows = q_ptr + row * sq + hk * DK
     Kn = tl.load(k_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
     rn_k = tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)
     Kn = Kn * rn_k[:, None]
     Q = tl.load(q_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
     rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
     Q = Q * rn_q[:, None]
-    a = tl.load(a_ptr + row * HV + i_h, mask=mt, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row * HV + i_h, mask=mt, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
     A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
     g = tl.where(mt, -tl.exp(A_log) * _softplus(a + dt_bias), 0.0)
@@ -135,7 +137,7 @@ def _replay_verify_kernel(
     causal = rt[:, None] >= rt[None, :]
     qk = _gram(q_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_q[:, None] * rn_k[None, :]
     P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
-    VT = tl.load(v_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
+    VT = tl.load(v_ptr + row[None, :] * sv + i_h * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
     VT = VT.to(tl.float32)
     X = tl.dot(St, tl.trans(Kn), input_precision=PREC)
     UT = tl.dot(beta[None, :] * (VT - tl.exp(gc)[None, :] * X), tl.trans(inv), input_precision=PREC)
@@ -156,7 +158,7 @@ def _replay_verify_kernel(
 
 @triton.jit
 def _causal_conv_verify_kernel(
-    x_ptr, w_ptr, buf_ptr, pending_ptr, slot_ptr, y_ptr, T, C, L,
+    x_ptr, w_ptr, buf_ptr, pending_ptr, slot_ptr, y_ptr, T, C, L, sx,
     W: tl.constexpr, KW: tl.constexpr, BC: tl.constexpr, TP: tl.constexpr, WP: tl.constexpr,
 ):  # fmt: skip
     i_c, i_b = tl.program_id(0), tl.program_id(1)
@@ -167,7 +169,7 @@ def _causal_conv_verify_kernel(
     rt = tl.arange(0, TP)
     mt = rt < T
     buf_row = buf_ptr + (slot * C + rc) * L
-    x_row = x_ptr + (i_b * T).to(tl.int64) * C + rc
+    x_row = x_ptr + (i_b * T).to(tl.int64) * sx + rc
 
     # y_t = sum_j w_j full_{t+j}, full = committed window (W entries) then the T new inputs.
     acc = tl.zeros([TP, BC], dtype=tl.float32)
@@ -175,7 +177,7 @@ def _causal_conv_verify_kernel(
         p = rt + j
         in_win = p < W
         old = tl.load(buf_row[None, :] + start + p[:, None], mask=(in_win & mt)[:, None] & mc[None, :], other=0.0)
-        new = tl.load(x_row[None, :] + (p - W)[:, None] * C, mask=(~in_win & mt)[:, None] & mc[None, :], other=0.0)
+        new = tl.load(x_row[None, :] + (p - W)[:, None] * sx, mask=(~in_win & mt)[:, None] & mc[None, :], other=0.0)
         w_j = tl.load(w_ptr + rc * KW + j, mask=mc, other=0.0).to(tl.float32)
         acc += (old.to(tl.float32) + new.to(tl.float32)) * w_j[None, :]
 
@@ -183,7 +185,7 @@ def _causal_conv_verify_kernel(
     rw = tl.arange(0, WP)
     mw = (rw < W)[:, None] & mc[None, :]
     win = tl.load(buf_row[None, :] + start + rw[:, None], mask=mw, other=0.0)
-    xt = tl.load(x_row[None, :] + rt[:, None] * C, mask=mt[:, None] & mc[None, :], other=0.0)
+    xt = tl.load(x_row[None, :] + rt[:, None] * sx, mask=mt[:, None] & mc[None, :], other=0.0)
     tl.debug_barrier()  # every read of this slot's rows is done before they are overwritten
     tl.store(buf_row[None, :] + rw[:, None], win, mask=mw)
     tl.store(buf_row[None, :] + W + rt[:, None], xt.to(buf_ptr.dtype.element_ty), mask=mt[:, None] & mc[None, :])
@@ -193,12 +195,27 @@ def _causal_conv_verify_kernel(
              mask=mt[:, None] & mc[None, :])  # fmt: skip
 
 
-def _check_launch(*tensors: Tensor) -> None:
-    """The kernels index raw memory: tensors must be contiguous and on one device (CPU: interpreter)."""
-    device = tensors[0].device
-    for t in tensors:
+def token_rows(x: Tensor) -> tuple[Tensor, int]:
+    """``x`` [B, T, ...] as (tensor, elements between consecutive tokens) for kernels that address token
+    ``b * T + t`` as one strided row: views of a fused projection's output qualify as they are (no copy
+    launched per call), anything else is made contiguous first."""
+    B, T = x.shape[:2]
+    features = math.prod(x.shape[2:])
+    dense = x.is_contiguous() or x.shape[2:].numel() == 0 or x[:1, :1].is_contiguous()
+    row = x.stride(1) if T > 1 else x.stride(0)
+    if not dense or (B > 1 and T > 1 and x.stride(0) != T * row):
+        return x.contiguous(), features
+    return x, row if B * T > 1 else features
+
+
+def _check_launch(inputs: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> None:
+    """The kernels index raw memory: state and buffers must be contiguous, everything on one device
+    (CPU: the interpreter)."""
+    device = inputs[0].device
+    for t in inputs + buffers:
         if t.device != device:
             raise OcriaError(f"replay_ssm kernel: tensors on {t.device} and {device}; put them on one device")
+    for t in buffers:
         if not t.is_contiguous():
             raise OcriaError("replay_ssm kernel: a state or buffer tensor is not contiguous")
     if device.type == "cpu" and not isinstance(_replay_verify_kernel, InterpretedFunction):
@@ -219,10 +236,10 @@ def replay_verify_kernel(
         raise OcriaError(f"replay_verify kernel needs fp32 state and ring buffers, got {state.dtype}")
     if T > Tmax:
         raise OcriaError(f"replay_verify: {T} new tokens exceed the ring capacity Tmax={Tmax}")
-    q, k, v, a, b = (t.contiguous() for t in (q, k, v, a, b))
+    (q, sq), (k, sk), (v, sv), (a, sa), (b, sb) = (token_rows(t) for t in (q, k, v, a, b))
     A_log, dt_bias, slot_ids = A_log.contiguous(), dt_bias.contiguous(), slot_ids.contiguous()
-    _check_launch(q, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids)
-    o = torch.empty_like(v)
+    _check_launch((q, k, v, a, b), (state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids))
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0:
         return o
     BV = max(16, min(block_v, triton.next_power_of_2(Dv)))
@@ -235,7 +252,7 @@ def replay_verify_kernel(
     grid = (triton.cdiv(Dv, BV), Hv, B)
     _replay_verify_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len,
-        slot_ids, o, T, Tmax, Dk**-0.5, 1e-6,
+        slot_ids, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
         PREC=precision or DOT_PRECISION[v.dtype],
         num_warps=num_warps,
@@ -252,15 +269,15 @@ def causal_conv_verify_kernel(
     L = conv_buf.shape[-1]
     if T > L - (KW - 1):
         raise OcriaError(f"causal_conv_verify: {T} new inputs exceed the buffer capacity {L - (KW - 1)}")
-    x, weight, slot_ids = x.contiguous(), weight.contiguous(), slot_ids.contiguous()
-    _check_launch(x, conv_buf, pending_len, slot_ids)
-    y = torch.empty_like(x)
+    (x, sx), weight, slot_ids = token_rows(x), weight.contiguous(), slot_ids.contiguous()
+    _check_launch((x, weight), (conv_buf, pending_len, slot_ids))
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if B == 0:
         return y
     BC = min(block_c, triton.next_power_of_2(C))
     grid = (triton.cdiv(C, BC), B)
     _causal_conv_verify_kernel[grid](
-        x, weight, conv_buf, pending_len, slot_ids, y, T, C, L,
+        x, weight, conv_buf, pending_len, slot_ids, y, T, C, L, sx,
         W=KW - 1, KW=KW, BC=BC, TP=triton.next_power_of_2(T), WP=max(1, triton.next_power_of_2(KW - 1)),
     )  # fmt: skip
     return y
