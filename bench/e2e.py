@@ -10,6 +10,8 @@ uses the (random) drafter as is. The drafter always runs. Every spec-family run 
 token against ``ar`` (bf16 on both sides); a first divergence is accepted only where ``ar``'s top-2
 logit margin at that position is under --tie-margin (a floating-point tie), and it is reported.
 Also: launches per step (profiler), host time per step, roofline fraction, HF transformers baseline.
+``--recipe mixed`` (any fixed-rule recipe) quantizes the target's weights first, without calibration
+(``ocria.quant.direct``): same bytes and kernels per step as a built engine of that recipe.
 """
 
 import argparse
@@ -30,6 +32,8 @@ from ocria.data import LONG_PAGE, generate
 from ocria.models import DrafterCache, TargetCache
 from ocria.models.cache import cache_tensors
 from ocria.models.config import LINEAR
+from ocria.quant.direct import quantize_in_place
+from ocria.quant.recipe import load_recipe
 from ocria.runtime.decode import SamplingTensors, prefill
 from ocria.runtime.graphs import GraphDecoder
 from ocria.runtime.processor import Processor
@@ -73,7 +77,15 @@ def copy_bandwidth() -> float:
 
 
 def param_bytes(module) -> int:
-    return sum(p.numel() * p.element_size() for p in module.parameters())
+    """Bytes of a module's weights at their stored size (quantized linears keep theirs as buffers;
+    views such as fused gate/up halves are counted once)."""
+    seen, total = set(), 0
+    for t in [*module.parameters(), *module.buffers()]:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
 
 
 def step_bytes(target, drafter, rows: int, kv_len: int, spec: bool) -> int:
@@ -324,12 +336,15 @@ def main() -> int:
     ap.add_argument("--hf", type=int, nargs="*", default=[1, 8], help="HF generate baseline batch sizes")
     ap.add_argument("--plugins", choices=("on", "off"), default="on", help="ReplaySSM Triton kernels or reference")
     ap.add_argument("--no-fuse", action="store_true", help="keep projections as separate GEMMs")
+    ap.add_argument("--recipe", default="bf16",
+                    help="quantize the target's weights with this recipe (no calibration: ocria.quant.direct)")
     ap.add_argument("--out", default="bench/results/e2e_h200.json")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 check must be fp32
     preset = load_preset(args.preset)
     bw = copy_bandwidth()
     target, drafter = random_models(preset, "cuda", torch.bfloat16)
+    formats = quantize_in_place(target, load_recipe(args.recipe)) if args.recipe != "bf16" else {}
     target.text.set_plugins(args.plugins == "on")
     if not args.no_fuse:
         target.text.fuse_projections()
@@ -340,7 +355,8 @@ def main() -> int:
     prompt = proc.prepare(buf.getvalue())
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
-               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
+               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins, "recipe": args.recipe,
+               "quantized_layers": {f: list(formats.values()).count(f) for f in set(formats.values())},
                "fused_projections": not args.no_fuse,
                "prompt_tokens": prompt.input_ids.numel(),
                "copy_bandwidth_GBps": bw / 1e9, "target_params": sum(p.numel() for p in target.text.parameters()),
@@ -385,7 +401,7 @@ def main() -> int:
                   f"roofline {row['roofline_fraction']:.2f}  launches {row['launches']}", flush=True)
     results["hf_baseline"] = []
     text_ids = prompt.input_ids[prompt.input_ids != proc.image_token_id][:512]
-    for b in args.hf:
+    for b in args.hf if args.recipe == "bf16" else []:  # HF runs the unquantized checkpoint only
         try:
             results["hf_baseline"].append(hf_baseline(target, text_ids, b, 64))
             print("HF", results["hf_baseline"][-1], flush=True)

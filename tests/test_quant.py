@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 
 import ocria.quant.build as qbuild
@@ -361,3 +362,45 @@ def test_plugin_switch_reaches_quantized_mlps(engines):
 
     mlps = [m for m in engine.target.modules() if isinstance(m, QuantSwiGLU)]
     assert mlps and all(m.use_kernel is False and m.gate_up.use_kernel is False for m in mlps)
+
+
+def test_calibration_free_quantization_follows_the_recipe():
+    """``quantize_in_place`` (bench/e2e.py --recipe): the recipe's layers become QuantLinears whose
+    weights are the reference quantizers' output, MLP gate/up fuse under one NVFP4 global scale, and
+    the quantized model's logits follow the unquantized model's."""
+    from ocria.builder.presets import random_models
+    from ocria.plugins import numerics as nx
+    from ocria.quant.direct import quantize_in_place
+    from ocria.quant.linear import QuantLinear
+    from ocria.quant.load import QuantSwiGLU
+
+    spec = load_preset("ocria-mini")
+    model, _ = random_models(spec, "cpu", torch.float32)
+    originals = {n: m.weight.detach().clone() for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    ids = torch.randint(7, 500, (1, 12))
+    pos = torch.arange(12).expand(3, 1, 12)
+    with torch.no_grad():
+        ref = model.logits(model.text(model.text.embed_tokens(ids), pos)[0])
+    recipe = load_recipe("mixed")
+    formats = quantize_in_place(model, recipe)
+    assert formats == {n: f for n, f in recipe.formats(dict(_mini_modules())).items() if f != "bf16"}
+    assert set(formats.values()) == {"fp8", "nvfp4"}
+    modules = dict(model.named_modules())
+    for name, fmt in formats.items():
+        layer = modules[name]
+        assert isinstance(layer, QuantLinear) and layer.fmt == fmt and layer.input_scale is None
+        w = originals[name]
+        if fmt == "fp8":
+            want = nx.dequantize_fp8(nx.quantize_fp8(w, w.abs().amax() / 448.0), w.abs().amax() / 448.0, torch.float32)
+            assert torch.equal(layer.dequantized_weight(torch.float32), want), name
+    mlps = [m for m in model.modules() if isinstance(m, QuantSwiGLU)]
+    assert len(mlps) == spec.target["text_config"]["num_hidden_layers"] - 1  # layer 0 stays bf16 in "mixed"
+    for mlp in mlps:
+        gate_up = mlp.gate_up.dequantized_weight(torch.float32)
+        assert (gate_up - torch.cat([originals[mlp.gate_up.name.replace("gate_up", p)]
+                                     for p in ("gate_proj", "up_proj")])).abs().max() < 0.2 * gate_up.abs().max()
+    with torch.no_grad():
+        out = model.logits(model.text(model.text.embed_tokens(ids), pos)[0])
+    assert not torch.equal(out, ref)
+    # 7 of 8 random layers with NVFP4 MLPs: ~0.4 relative logit error; a wrong layout is uncorrelated (~0)
+    assert F.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.8

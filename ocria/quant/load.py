@@ -108,9 +108,18 @@ def load_quantized_target(directory: str | Path, dtype: torch.dtype = torch.bflo
                 optional=tied)
     model.tie_weights()
     for name, linear in linears.items():
-        _set(model, name, PreScaledLinear(linear, pre_scales[name]) if name in pre_scales else linear)
-    _fuse_mlps(model, {n: lin for n, lin in linears.items() if n not in pre_scales})
+        if name in pre_scales:
+            _set(model, name, PreScaledLinear(linear, pre_scales[name]))
+    install_linears(model, {n: lin for n, lin in linears.items() if n not in pre_scales})
     return model.eval()
+
+
+def install_linears(model: nn.Module, linears: dict[str, QuantLinear]) -> None:
+    """Put quantized linears in place of the named layers; a SwiGLU whose gate and up share a format
+    (and NVFP4 global scale) becomes one gate/up GEMM plus the fused SiLU-multiply(-quantize) kernel."""
+    for name, linear in linears.items():
+        _set(model, name, linear)
+    _fuse_mlps(model, linears)
 
 
 def _fuse_mlps(model: nn.Module, linears: dict[str, QuantLinear]) -> None:
