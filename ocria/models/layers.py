@@ -6,9 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
+
 
 class ZeroCenteredRMSNorm(nn.Module):
     """Qwen3.5's RMSNorm: ``norm(x) * (1 + w)`` computed in fp32, weight initialised to zero."""
+
+    use_kernel: bool | None = None  # plugins switch: the fused Triton norm on CUDA (ocria.plugins.rms_norm)
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -16,7 +20,7 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x.float(), (x.shape[-1],), 1.0 + self.weight.float(), self.eps).type_as(x)
+        return rms_norm(x, self.weight, self.eps, 1.0, use_kernel=self.use_kernel)
 
 
 class RMSNorm(nn.Module):
@@ -34,15 +38,15 @@ class RMSNorm(nn.Module):
 class GatedRMSNorm(nn.Module):
     """GDN output norm: ``w * norm(x) * silu(z)`` per value head (plain weight, not zero-centred)."""
 
+    use_kernel: bool | None = None  # plugins switch, as ZeroCenteredRMSNorm
+
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
-        dtype = x.dtype
-        out = self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(dtype)
-        return (out * F.silu(z.float())).to(dtype)
+        return gated_rms_norm(x, z, self.weight, self.eps, use_kernel=self.use_kernel)
 
 
 def fuse_linears(module: nn.Module, names: tuple[str, ...]) -> None:

@@ -22,23 +22,9 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.numerics import NVFP4_BLOCK
+from ocria.plugins.rounding import round_to_dtype, widen
 
 MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
-
-
-@triton.jit
-def _round_to_dtype(x, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, dtype: tl.constexpr):
-    """fp32 -> nearest value of ``dtype`` (kept in fp32): the GPU's RNE convert; in the interpreter,
-    whose fp32 -> bf16 cast truncates, bf16 rounding is done on the bits."""
-    if IS_BF16:
-        if ON_GPU:
-            return x.to(tl.bfloat16).to(tl.float32)
-        else:
-            b = x.to(tl.int32, bitcast=True)
-            r = ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-            return tl.where(x != x, x, r)
-    else:
-        return x.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -54,15 +40,6 @@ def _quotient(a, s, r, lim, ON_GPU: tl.constexpr):
         return tl.fma(tl.fma(-t, s, a), r, t)
     else:
         return tl.math.div_rn(a, tl.zeros_like(a) + s)
-
-
-@triton.jit
-def _widen(x, IS_BF16: tl.constexpr):
-    """Loaded values -> fp32; bf16 comes as int16 bits and becomes the top half of an fp32."""
-    if IS_BF16:
-        return (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    else:
-        return x.to(tl.float32)
 
 
 @triton.jit
@@ -121,8 +98,8 @@ def _silu_mul_quant_kernel(
             mask = rmask[:, None] & (cols < N)[None, :]
             x_offs = rows64[:, None] * stride_xm + cols[None, :]
             if GATED:
-                g = _widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
-                u = _widen(tl.load(x_ptr + x_offs + N, mask=mask, other=0), IS_BF16)
+                g = widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+                u = widen(tl.load(x_ptr + x_offs + N, mask=mask, other=0), IS_BF16)
                 if ON_GPU:  # libdevice expf is what PyTorch's CUDA silu calls
                     if FAST_EXP:
                         e = libdevice.fast_expf(-g)
@@ -130,10 +107,10 @@ def _silu_mul_quant_kernel(
                         e = libdevice.exp(-g)
                 else:
                     e = tl.exp(-g)
-                s = _round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
-                h32 = _round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
+                s = round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
+                h32 = round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
             else:
-                h32 = _widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+                h32 = widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
             if p == NPASS - 1:
                 o_offs = rows64[:, None] * stride_om + cols[None, :]
                 if MODE == 0:

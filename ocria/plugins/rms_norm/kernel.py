@@ -1,0 +1,87 @@
+"""Triton kernels: one launch per RMSNorm (rows of x in, normalised rows out), fp32 inside.
+
+bf16 tensors travel as int16 bits and are rounded to nearest even on the bits, so the CPU
+interpreter (whose bf16 casts truncate) computes what the GPU computes. ``exp`` in the gate is
+libdevice's ``expf`` on the GPU (what PyTorch's CUDA silu calls) and numpy's in the interpreter.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra import libdevice
+
+from ocria.errors import OcriaError
+from ocria.plugins.rounding import bf16_bits, round_to_dtype, widen
+
+MAX_WIDTH = 16384
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, z_ptr, w_ptr, y_ptr, M, N, stride_x, stride_z, eps, offset,
+    GATED: tl.constexpr, X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr,
+    PROD_BF16: tl.constexpr, ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BN)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    rows64 = rows.to(tl.int64)
+    x = widen(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0), X_BF16)
+    w = widen(tl.load(w_ptr + cols, mask=cols < N, other=0), W_BF16)
+    rstd = 1.0 / tl.sqrt_rn(tl.sum(x * x, 1) / N + eps)
+    normed = x * rstd[:, None]
+    if GATED:  # (w * norm(x).to(x dtype)) rounded to the product's dtype, then * silu(z) in fp32
+        normed = round_to_dtype(normed, X_BF16, ON_GPU, DT)
+        out = round_to_dtype(normed * w[None, :], PROD_BF16, ON_GPU, DT)
+        z = widen(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0), Z_BF16)
+        if ON_GPU:
+            e = libdevice.exp(-z)
+        else:
+            e = tl.exp(-z)
+        y = out * tl.math.div_rn(z, 1.0 + e)
+    else:
+        y = normed * (offset + w)[None, :]
+    y_ptrs = y_ptr + rows64[:, None] * N + cols[None, :]
+    if X_BF16:
+        tl.store(y_ptrs, bf16_bits(y), mask=mask)
+    else:
+        tl.store(y_ptrs, y.to(DT), mask=mask)
+
+
+def _rows(t: Tensor) -> tuple[Tensor, int]:
+    """t [..., N] as [M, N] with a row stride, without a copy when the leading dims collapse."""
+    t2 = t.reshape(-1, t.shape[-1])
+    if t2.shape[-1] > 1 and t2.stride(-1) != 1:
+        t2 = t2.contiguous()
+    return t2, t2.stride(0)
+
+
+def _bits(t: Tensor) -> Tensor:
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, z: Tensor | None = None) -> Tensor:
+    """``rms_norm_reference`` (z None) or ``gated_rms_norm_reference`` (z given) in one launch."""
+    N = x.shape[-1]
+    if N > MAX_WIDTH or weight.shape != (N,) or (z is not None and z.shape != x.shape):
+        raise OcriaError(f"rms_norm kernel: x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+                         f"{'' if z is None else f', z {tuple(z.shape)}'}: widths must agree and be <= {MAX_WIDTH}")
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        raise OcriaError(f"rms_norm kernel: x must be bf16 or fp32, got {x.dtype}")
+    x2, sx = _rows(x)
+    z2, sz = _rows(z) if z is not None else (x2, sx)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    M = x2.shape[0]
+    if M == 0:
+        return y
+    BN = triton.next_power_of_2(N)
+    rows = max(1, min(16, 4096 // BN))
+    prod = torch.promote_types(weight.dtype, x.dtype)
+    _rms_norm_kernel[(triton.cdiv(M, rows),)](
+        _bits(x2), _bits(z2), _bits(weight.contiguous()), _bits(y), M, N, sx, sz, eps, offset,
+        GATED=z is not None, X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
+        Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
+        DT=tl.float32, ROWS=rows, BN=BN,
+    )  # fmt: skip
+    return y

@@ -1,0 +1,50 @@
+"""``torch.library`` operators ``ocria::rms_norm`` / ``ocria::gated_rms_norm`` and the functions the
+model's norm layers call. ``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the
+reference elsewhere). The kernel has no backward: under autograd (training) the reference runs."""
+
+import torch
+from torch import Tensor
+
+from ocria.plugins.rms_norm.kernel import rms_norm_triton
+from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
+from ocria.plugins.switch import kernel_enabled
+
+
+@torch.library.custom_op("ocria::rms_norm", mutates_args=())
+def _rms_norm_op(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
+    return rms_norm_triton(x, weight, eps, offset)
+
+
+@torch.library.custom_op("ocria::gated_rms_norm", mutates_args=())
+def _gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return rms_norm_triton(x, weight, eps, z=z)
+
+
+@_rms_norm_op.register_fake
+def _(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_gated_rms_norm_op.register_fake
+def _(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _use_kernel(x: Tensor, params: tuple[Tensor, ...], use_kernel: bool | None) -> bool:
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)):
+        return False
+    return kernel_enabled(x.device, use_kernel)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, use_kernel: bool | None = None) -> Tensor:
+    """``rms_norm(x) * (offset + weight)`` in fp32, in x's dtype; see ``reference.rms_norm_reference``."""
+    if _use_kernel(x, (weight,), use_kernel):
+        return torch.ops.ocria.rms_norm(x, weight, eps, offset)
+    return rms_norm_reference(x, weight, eps, offset)
+
+
+def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel: bool | None = None) -> Tensor:
+    """GDN output norm ``weight * norm(x) * silu(z)``; see ``reference.gated_rms_norm_reference``."""
+    if _use_kernel(x, (z, weight), use_kernel):
+        return torch.ops.ocria.gated_rms_norm(x, z, weight, eps)
+    return gated_rms_norm_reference(x, z, weight, eps)

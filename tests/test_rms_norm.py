@@ -1,0 +1,91 @@
+"""Fused RMSNorm plugin: the Triton kernel (CPU interpreter) against the PyTorch reference the model
+layers use, for the zero-centred and the gated norm, fp32 and bf16, strided inputs, and the switch."""
+
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+import torch
+
+from ocria.errors import OcriaError
+from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
+from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
+
+if "ocria.plugins.rms_norm.kernel" in sys.modules:  # decorated earlier without the interpreter
+    importlib.reload(sys.modules["ocria.plugins.rms_norm.kernel"])
+
+
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Largest distance in units of the last place between same-dtype tensors (bit patterns)."""
+    view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+    ia, ib = a.contiguous().view(view).long(), b.contiguous().view(view).long()
+    sign = 1 << (15 if view == torch.int16 else 31)
+    ia = torch.where(ia < 0, -(ia + sign), ia)  # sign-magnitude -> monotonic integers
+    ib = torch.where(ib < 0, -(ib + sign), ib)
+    return int((ia - ib).abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(3, 5, 64), (2, 1, 4, 96), (1, 1, 2048)])
+def test_zero_centred_norm_matches_reference(dtype, shape):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w = (torch.randn(shape[-1], generator=g) * 0.1).to(dtype)
+    got = rms_norm(x, w, 1e-6, 1.0, use_kernel=True)
+    want = rms_norm_reference(x, w, 1e-6, 1.0)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert _ulps_apart(got, want) <= (1 if dtype == torch.bfloat16 else 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gated_norm_matches_reference(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 3, 4, 64, generator=g).to(dtype)
+    z = (torch.randn(2, 3, 4, 64, generator=g) * 4).to(dtype)
+    w = (1 + torch.randn(64, generator=g) * 0.1).to(dtype)
+    got = gated_rms_norm(x, z, w, 1e-6, use_kernel=True)
+    assert _ulps_apart(got, gated_rms_norm_reference(x, z, w, 1e-6)) <= (1 if dtype == torch.bfloat16 else 8)
+
+
+def test_strided_rows_and_zero_rows():
+    """q of gated attention is a column slice (every other head_dim block): read in place."""
+    qg = torch.randn(2, 3, 4, 2 * 32, dtype=torch.bfloat16)
+    q = qg.chunk(2, dim=-1)[0]
+    w = torch.randn(32, dtype=torch.bfloat16) * 0.1
+    assert not q.is_contiguous()
+    assert _ulps_apart(rms_norm(q, w, 1e-6, 1.0, use_kernel=True), rms_norm_reference(q, w, 1e-6, 1.0)) <= 1
+    empty = torch.empty(0, 3, 32)
+    assert rms_norm(empty, w.float(), 1e-6, 1.0, use_kernel=True).shape == empty.shape
+
+
+def test_switch_autograd_and_errors():
+    x = torch.randn(4, 16, requires_grad=True)
+    w = torch.zeros(16, requires_grad=True)
+    rms_norm(x, w, 1e-6, 1.0, use_kernel=True).sum().backward()  # autograd takes the reference
+    assert x.grad is not None and w.grad is not None
+    with pytest.raises(OcriaError, match="widths must agree"):
+        rms_norm(torch.randn(4, 16), torch.zeros(8), 1e-6, 1.0, use_kernel=True)
+    torch.library.opcheck(torch.ops.ocria.rms_norm.default, (torch.randn(3, 16), torch.randn(16), 1e-6, 1.0))
+    torch.library.opcheck(torch.ops.ocria.gated_rms_norm.default,
+                          (torch.randn(3, 16), torch.randn(3, 16), torch.randn(16), 1e-6))
+
+
+def test_model_norms_take_the_plugin_switch():
+    """``set_plugins`` reaches every norm of the text model; the kernel path gives the reference's logits."""
+    from ocria.builder.presets import load_preset, random_models
+
+    target, _ = random_models(load_preset("ocria-mini"), "cpu", torch.float32)
+    norms = [m for m in target.text.modules() if hasattr(m, "use_kernel") and "Norm" in type(m).__name__]
+    assert len(norms) == 1 + 2 * 8 + 2 * 2 + 6  # final, 2 per layer, q/k per attention layer, gated per GDN layer
+    ids = torch.randint(7, 500, (2, 9))
+    pos = torch.arange(9).expand(3, 2, 9)
+    with torch.no_grad():
+        target.text.set_plugins(False)
+        want = target.text(target.text.embed_tokens(ids), pos)[0]
+        target.text.set_plugins(True)
+        assert all(m.use_kernel for m in norms)
+        got = target.text(target.text.embed_tokens(ids), pos)[0]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
