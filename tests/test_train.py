@@ -20,7 +20,7 @@ from ocria.train.export import export_model, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at
 from ocria.train.run import Run, TrainConfig
-from ocria.train.target import build_target, target_loss
+from ocria.train.target import DT_RANGE, build_target, init_gdn_memory, target_loss
 from ocria.train.vision_batched import batched_vision, batched_vision_forward
 
 
@@ -147,6 +147,44 @@ def test_batches_teach_only_the_answer(batch):
         assert int(keep.sum()) == int(batch.seq_len[b] - batch.prompt_len[b])
         assert int(batch.labels[b][keep][-1]) == 2  # the answer ends with <|im_end|>
         assert torch.equal(batch.labels[b, first:first + 5], batch.input_ids[b, first + 1:first + 6])
+
+
+def _first_gdn_at_answer(model, batch, pixel_values):
+    """Output of the first decoder layer (a GDN layer) at the last prompt token of sample 0."""
+    layer = model.text.layers[0]
+    assert layer.layer_type == "linear_attention"
+    x = model.embed(batch.input_ids, pixel_values, batch.image_grid_thw)
+    cos, sin = model.text.rotary(batch.positions, x.dtype)
+    return layer(x, cos, sin, "full", None, None, None)[0, int(batch.prompt_len[0]) - 1]
+
+
+def test_fresh_target_gdn_layers_carry_the_image_to_the_answer(tiny_preset, batch):
+    """The instruction text (~40 tokens) sits between the image and the answer. With the engine's random
+    GDN gates (dt_bias = 1, A >= 1) every head keeps < 0.3 of its state per token, so no GDN layer saw
+    the image at the answer (exactly zero change) and training never recovered (the first H200 runs)."""
+    model = build_target(load_preset(tiny_preset).target, 0).eval()
+    with torch.no_grad():
+        seen = _first_gdn_at_answer(model, batch, batch.pixel_values)
+        other = _first_gdn_at_answer(model, batch, -batch.pixel_values)
+        assert _rel(other, seen) > 1e-3
+        for m in model.modules():  # the engine's random gates: the image is forgotten before the answer
+            if hasattr(m, "dt_bias"):
+                m.dt_bias.fill_(1.0)
+        forgot = _first_gdn_at_answer(model, batch, batch.pixel_values)
+        assert _rel(_first_gdn_at_answer(model, batch, -batch.pixel_values), forgot) < 1e-6
+
+
+def test_gdn_memory_init_is_seeded_and_in_range(tiny_preset):
+    a, b = (build_target(load_preset(tiny_preset).target, 0) for _ in range(2))
+    c = build_target(load_preset(tiny_preset).target, 1)
+    biases = [[m.dt_bias.detach() for m in x.modules() if hasattr(m, "dt_bias")] for x in (a, b, c)]
+    assert len(biases[0]) == 6
+    assert all(torch.equal(x, y) for x, y in zip(biases[0], biases[1]))
+    assert not all(torch.equal(x, y) for x, y in zip(biases[0], biases[2]))
+    dt = torch.nn.functional.softplus(torch.cat(biases[0]).double())
+    assert float(dt.min()) >= DT_RANGE[0] * 0.999 and float(dt.max()) <= DT_RANGE[1] * 1.001
+    init_gdn_memory(a, 0)
+    assert all(torch.equal(m.dt_bias, x) for m, x in zip((m for m in a.modules() if hasattr(m, "dt_bias")), biases[1]))
 
 
 def test_target_training_steps_reduce_the_loss(tiny_preset, batch):
