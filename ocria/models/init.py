@@ -15,7 +15,9 @@ def random_init(model: nn.Module, seed: int, std: float = 0.02, embed_std: float
 
     Linear weights ~ N(0, std), embeddings ~ N(0, embed_std or std) (a wider spread keeps a random
     model's top-2 logits apart, so bf16 rounding rarely flips a greedy token); norms at identity (zero
-    for zero-centred norms); GDN ``A_log`` = log U(1, 16) and ``dt_bias`` = 1 as in Qwen3.5; biases zero.
+    for zero-centred norms); GDN ``A_log`` = log U(1, 16) (HF draws U(0, 16)) and ``dt_bias`` = 1; biases
+    zero. Every GDN head then keeps under 0.3 of its state per token: fine for speed work, not a
+    training init (``ocria.train.target.init_gdn_memory`` gives the heads long memory first).
     """
     zero_centred = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, ZeroCenteredRMSNorm)}
     for name, p in model.named_parameters():
