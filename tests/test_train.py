@@ -234,8 +234,19 @@ def _cfg(**over) -> TrainConfig:
     return TrainConfig(**base)
 
 
+def test_line_curriculum_then_every_kind(tiny_preset, tmp_path):
+    run = Run(tmp_path, _cfg(preset=tiny_preset, data_kind="", line_steps=2), 600)
+    got = [b.input_ids for _, b in zip(range(4), run._batches(1, 1, 3))]  # from batch 1: lines 1, 2; all 3, 4
+    assets = load_preset(tiny_preset).assets
+    lines = [b.input_ids for _, b in zip(range(2), loader(assets, 1, 1, 0, kind="line"))]
+    every = [b.input_ids for _, b in zip(range(2), loader(assets, 1, 3, 0))]
+    assert all(torch.equal(a, b) for a, b in zip(got, lines + every, strict=True))
+    later = next(iter(run._batches(1, 5, 3)))  # resumed past the curriculum: no line batches
+    assert torch.equal(later.input_ids, next(iter(loader(assets, 1, 5, 0))).input_ids)
+
+
 def test_resume_gives_identical_next_step_loss(tiny_preset, tmp_path):
-    cfg = _cfg(preset=tiny_preset)
+    cfg = _cfg(preset=tiny_preset, data_kind="", line_steps=3)  # the split at step 2 resumes in the curriculum
     whole = Run(tmp_path / "a", cfg, 600)
     assert whole.stage_target()
     split = Run(tmp_path / "b", cfg, 600, max_steps=2)

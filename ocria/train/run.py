@@ -45,13 +45,14 @@ class TrainConfig:
     preset: str = "ocria-mini"
     seed: int = 0
     block_size: int = 16  # drafter block (tau is quoted at block 16)
-    target_steps: int = 0  # 0: as many as fit in target_minutes (timed in the first call)
+    target_steps: int = 5600  # 0: as many as fit in target_minutes (timed in the first call)
     target_minutes: float = 13.0
+    line_steps: int = 3500  # curriculum: the target's first steps read single lines only, then every kind
     target_batch: int = 64
-    target_lr: float = 2e-3
-    target_warmup: int = 200
+    target_lr: float = 1.5e-3
+    target_warmup: int = 300
     drafter_steps: int = 0  # 0: as many as fit in drafter_minutes
-    drafter_minutes: float = 3.5
+    drafter_minutes: float = 2.0
     ablation_steps: int = -1  # the local-conv-off drafter: -1 = as many as the main drafter, 0 = skip
     drafter_batch: int = 32
     drafter_lr: float = 1e-3
@@ -66,7 +67,7 @@ class TrainConfig:
     gdn_chunk: int = 64
     workers: int = 12
     data_kind: str = ""  # train on one document kind only (ocria.data.KINDS); "" = every kind
-    eval_docs: int = 100
+    eval_docs: int = 64
     eval_batch: int = 32
     eval_max_tokens: int = 384
     eval_graphs: str = "auto"  # runtime CUDA graphs in evaluation: auto (runtime default), on, off
@@ -196,8 +197,19 @@ class Run:
             return self.cfg.drafter_steps
         return steps
 
+    def _batches(self, batch_size: int, start: int, line_steps: int):
+        """The train split from batch ``start`` on: single lines while ``step < line_steps`` (a curriculum:
+        lines are the easy case of reading), then ``data_kind`` (every kind by default)."""
+        cfg, assets = self.cfg, self.preset.assets
+        if start < line_steps and not cfg.data_kind:
+            lines = loader(assets, batch_size, start, cfg.workers, kind="line")
+            yield from (batch for _, batch in zip(range(line_steps - start), lines))
+            del lines  # its workers stop before the next loader's start
+            start = line_steps
+        yield from loader(assets, batch_size, start, cfg.workers, kind=cfg.data_kind or None)
+
     def _loop(self, name: str, model: torch.nn.Module, steps_key: str, minutes: float, batch_size: int, lr: float,
-              warmup: int, loss_fn) -> bool:
+              warmup: int, loss_fn, line_steps: int = 0) -> bool:
         """Shared resumable loop: AdamW + cosine, grad clipping, time-boxed, checkpoint on exit.
 
         A stage configured with 0 steps gets ``minutes`` of training: its first call times the steps
@@ -235,7 +247,7 @@ class Run:
             self.log(f"{name}: checkpoint at step {step}")
 
         if steps <= 0 or step < steps:
-            for batch in loader(self.preset.assets, batch_size, step, cfg.workers, kind=cfg.data_kind or None):
+            for batch in self._batches(batch_size, step, line_steps):
                 cur_lr = lr_at(step, max(steps, warmup + 1), lr, warmup)
                 set_lr(opt, cur_lr)
                 with self.autocast(), chunked_gdn(cfg.gdn_chunk), batched_vision():
@@ -290,7 +302,7 @@ class Run:
             return target_loss(model, batch), {}
 
         if not self._loop("target", model, "target_steps", cfg.target_minutes, cfg.target_batch, cfg.target_lr,
-                          cfg.target_warmup, loss_fn):
+                          cfg.target_warmup, loss_fn, line_steps=cfg.line_steps):
             return False
         export_model(model, self.state / "target")
         ckpt.drop_state(self.state, self.run)
