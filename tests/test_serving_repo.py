@@ -1,5 +1,6 @@
 """Model repository generation and validation, request parsing, and the engine loop (no server)."""
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -87,8 +88,10 @@ def test_tensorrt_llm_variant_structure(tmp_path, engine_dir):
     opts = yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())
     assert opts["model"] == str(engine_dir.resolve() / "target") and opts["backend"] == "pytorch"
     spec = opts["speculative_config"]
-    assert spec == {"decoding_type": "DFlash", "max_draft_len": 7, "speculative_model_dir":
-                    str(engine_dir.resolve() / "drafter"), "mask_token_id": 6, "target_layer_ids": [0, 2]}
+    drafter = json.loads((engine_dir / "drafter" / "config.json").read_text())
+    assert spec == {"decoding_type": "DFlash", "max_draft_len": drafter["block_size"] - 1, "speculative_model_dir":
+                    str(engine_dir.resolve() / "drafter"), "mask_token_id": drafter["dflash_config"]["mask_token_id"],
+                    "target_layer_ids": drafter["dflash_config"]["target_layer_ids"]}
     assert opts["triton_config"] == {"max_batch_size": 8, "decoupled": True}
 
 
