@@ -149,6 +149,13 @@ def test_stop_strings_and_eos(engine):
     assert by_id[-1].finish_reason == "stop" and sum(len(e.token_ids) for e in by_id) == 0
 
 
+def test_acceptance_length_counts_the_final_step(engine):
+    """Mean tokens per decode step, bonus included: exactly 1 in ar mode, the last step too."""
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, mode="ar") for n in (2, 6)]
+    stats = [list(engine.generate(EXAMPLES[0], None, p))[-1].stats for p in params]
+    assert [(s.num_generated_tokens, s.num_steps, s.acceptance_length) for s in stats] == [(2, 1, 1.0), (6, 5, 1.0)]
+
+
 def test_cancel_frees_slot(engine):
     sched = engine.scheduler(max_batch_size=2)
     prompt, params = requests(engine, 1, 0.0)[0]

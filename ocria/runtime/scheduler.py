@@ -180,14 +180,12 @@ class Scheduler:
             req.stats.num_steps += 1
             req.stats.num_draft_tokens += proposed[i]
             req.stats.num_accepted_draft_tokens += accepted[i]
-            before = len(req.generated)
-            event = self._emit(req, kept, len(rows))
-            req.decode_tokens += len(req.generated) - before
-            events.append(event)
+            events.append(self._emit(req, kept, len(rows), decode=True))
         return events
 
-    def _emit(self, req: _Request, new_tokens: list[int], batch_size: int) -> Event:
-        """Append tokens one by one, applying EOS / stop tokens / max_tokens / stop strings in order."""
+    def _emit(self, req: _Request, new_tokens: list[int], batch_size: int, decode: bool = False) -> Event:
+        """Append tokens one by one, applying EOS / stop tokens / max_tokens / stop strings in order;
+        ``decode``: they come from a decode step (counted, with the final step's, in the acceptance length)."""
         params, now = req.params, time.time_ns()
         stats = req.stats
         stats.batch_size_max = max(stats.batch_size_max, batch_size)
@@ -208,6 +206,8 @@ class Scheduler:
             if len(req.generated) >= params.max_tokens:
                 reason = "length"
                 break
+        if decode:
+            req.decode_tokens += len(taken)
         if reason is None:
             req.last = new_tokens[-1]
         text = req.detok.text + (req.detok.flush() if reason else "")
