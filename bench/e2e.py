@@ -77,15 +77,13 @@ def copy_bandwidth() -> float:
 
 
 def param_bytes(module) -> int:
-    """Bytes of a module's weights at their stored size (quantized linears keep theirs as buffers;
-    views such as fused gate/up halves are counted once)."""
-    seen, total = set(), 0
+    """Bytes of a module's weights at their stored size: quantized linears keep theirs as buffers, and
+    views (fused projections, gate/up halves of a fused GEMM) count their storage once."""
+    storages = {}
     for t in [*module.parameters(), *module.buffers()]:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
-        if key not in seen:
-            seen.add(key)
-            total += t.numel() * t.element_size()
-    return total
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def step_bytes(target, drafter, rows: int, kv_len: int, spec: bool) -> int:
