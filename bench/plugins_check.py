@@ -1,0 +1,129 @@
+"""Fast GPU check of every plugin kernel against its PyTorch reference (run first in a device call).
+
+Seconds, not minutes: one small case per kernel and dtype, on the GPU, compared with the reference on
+the same GPU tensors. ReplaySSM and the conv window run on strided views (as the model passes them)
+and must equal the reference within float tolerance, buffers included; the fused norms within 1 bf16
+ulp; SiLU-quant byte for byte in every mode. Exit code 1 and a table if anything is off.
+
+    python bench/plugins_check.py --out bench/results/plugins_check_h200.json
+"""
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from ocria.plugins.replay_ssm import reference as R
+from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
+from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
+from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
+from ocria.plugins.silu_quant import silu_mul_quant
+from ocria.plugins.silu_quant.reference import silu_mul_quant_reference
+
+
+def _fused_views(*parts: torch.Tensor) -> list[torch.Tensor]:
+    """The parts as column slices of one [B, T, total] tensor, like a fused projection's outputs."""
+    B, T = parts[0].shape[:2]
+    flat = [p.reshape(B, T, -1) for p in parts]
+    fused = torch.cat(flat, dim=-1)
+    views = torch.split(fused, [f.shape[-1] for f in flat], dim=-1)
+    return [v.unflatten(-1, p.shape[2:]) for v, p in zip(views, parts, strict=True)]
+
+
+def check_replay(dtype: torch.dtype, dev: str) -> dict:
+    g = torch.Generator(dev).manual_seed(0)
+    B, T, Tmax, S, Hk, Hv, D, KW = 4, 16, 16, 6, 2, 4, 128, 4
+    r = lambda *s: torch.randn(*s, generator=g, device=dev)  # noqa: E731
+    C = 2 * Hk * D + Hv * D
+    slots = torch.tensor([5, 0, 3, 1], device=dev)
+    pending = torch.tensor([3, 16, 0, 7, 1, 2], dtype=torch.int32, device=dev)
+    q, k, v = (r(B, T, Hk, D).to(dtype), r(B, T, Hk, D).to(dtype), r(B, T, Hv, D).to(dtype))
+    a, b = r(B, T, Hv).to(dtype), r(B, T, Hv).to(dtype)
+    state = (r(S, Hv, D, D) * 0.1, R.l2norm(r(S, 2, Tmax, Hk, D)), r(S, 2, Tmax, Hv, D), -r(S, 2, Tmax, Hv).abs(),
+             r(S, 2, Tmax, Hv).sigmoid(), torch.randint(0, 2, (S,), device=dev, dtype=torch.int32))
+    params = (r(Hv) - 2, r(Hv))
+    views = _fused_views(q, k, v, a, b)
+    mine, ref = [t.clone() for t in state], [t.clone() for t in state]
+    out = replay_verify(*views, *params, *mine, pending, slots, use_kernel=True)
+    want = R.replay_verify_ref(q, k, v, a, b, *params, *ref, pending, slots)
+    errs = [_rel(out, want)] + [_rel(x, y) for x, y in zip(mine, ref, strict=True)]
+    x, w, buf = r(B, T, C).to(dtype), r(C, KW), r(S, C, KW - 1 + Tmax).to(dtype)
+    (x_view,) = _fused_views(x)
+    buf_mine, buf_ref = buf.clone(), buf.clone()
+    y = causal_conv_verify(x_view, w, buf_mine, pending, slots, use_kernel=True)
+    y_ref = R.causal_conv_verify_ref(x, w, buf_ref, pending, slots)
+    errs += [_rel(y, y_ref), _rel(buf_mine, buf_ref)]
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 inputs take tf32 products in the kernel
+    return {"kernel": "replay_verify + causal_conv_verify (strided)", "dtype": str(dtype), "max_rel_err": max(errs),
+            "tolerance": tol, "ok": max(errs) <= tol}
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Max abs difference over the reference's max magnitude (one number per tensor)."""
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12))
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    view = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+    sign = 1 << (15 if view == torch.int16 else 31)
+    ia, ib = (t.contiguous().view(view).long() for t in (a, b))
+    ia, ib = (torch.where(t < 0, -(t + sign), t) for t in (ia, ib))
+    return int((ia - ib).abs().max())
+
+
+def check_norms(dtype: torch.dtype, dev: str) -> dict:
+    g = torch.Generator(dev).manual_seed(1)
+    x = torch.randn(64, 16, 2048, generator=g, device=dev).to(dtype)
+    qg = torch.randn(64, 16, 8, 512, generator=g, device=dev).to(dtype)
+    q = qg.chunk(2, dim=-1)[0]  # strided rows, as gated attention's q
+    z = torch.randn(64, 16, 32, 128, generator=g, device=dev).to(dtype)
+    o = torch.randn(64, 16, 32, 128, generator=g, device=dev).to(dtype)
+    w, wq, wo = (torch.randn(n, generator=g, device=dev).to(dtype) * 0.1 for n in (2048, 256, 128))
+    ulps = max(_ulps(rms_norm(x, w, 1e-6, 1.0, use_kernel=True), rms_norm_reference(x, w, 1e-6, 1.0)),
+               _ulps(rms_norm(q, wq, 1e-6, 1.0, use_kernel=True), rms_norm_reference(q, wq, 1e-6, 1.0)),
+               _ulps(gated_rms_norm(o, z, wo + 1, 1e-6, use_kernel=True), gated_rms_norm_reference(o, z, wo + 1, 1e-6)))
+    limit = 1 if dtype == torch.bfloat16 else 64
+    return {"kernel": "rms_norm + gated_rms_norm", "dtype": str(dtype), "max_ulps": ulps, "tolerance": limit,
+            "ok": ulps <= limit}
+
+
+def check_silu_quant(dev: str) -> list[dict]:
+    g = torch.Generator(dev).manual_seed(2)
+    gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
+    scale = torch.tensor(0.02, device=dev)
+    rows = []
+    for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale)):
+        out, scales = silu_mul_quant(gate_up, mode, s, use_kernel=True)
+        ref, ref_scales = silu_mul_quant_reference(gate_up, mode, s)
+        bad = int((out.view(torch.uint8) != ref.view(torch.uint8)).sum())
+        if scales is not None:
+            bad += int((scales.contiguous().view(torch.uint8) != ref_scales.contiguous().view(torch.uint8)).sum())
+        rows.append({"kernel": f"silu_mul_quant {mode}", "dtype": "torch.bfloat16", "mismatched_bytes": bad,
+                     "tolerance": 0, "ok": bad == 0})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="bench/results/plugins_check_h200.json")
+    ap.add_argument("--device", default="cuda", help="cpu: the kernels in the interpreter (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    dev = args.device
+    rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), check_norms(torch.float32, dev),
+            check_norms(torch.bfloat16, dev), *check_silu_quant(dev)]
+    result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
+              "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}
+    for r in rows:
+        measure = {k: v for k, v in r.items() if k in ("max_rel_err", "max_ulps", "mismatched_bytes")}
+        print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['kernel']:48s} {r['dtype']:15s} {measure}", flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
