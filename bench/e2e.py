@@ -344,6 +344,7 @@ def main() -> int:
     target, drafter = random_models(preset, "cuda", torch.bfloat16)
     formats = quantize_in_place(target, load_recipe(args.recipe)) if args.recipe != "bf16" else {}
     target.text.set_plugins(args.plugins == "on")
+    drafter.set_plugins(args.plugins == "on")
     if not args.no_fuse:
         target.text.fuse_projections()
         drafter.fuse_projections()

@@ -3,7 +3,8 @@
 Seconds, not minutes: one small case per kernel and dtype, on the GPU, compared with the reference on
 the same GPU tensors. ReplaySSM and the conv window run on strided views (as the model passes them)
 and must equal the reference within float tolerance, buffers included; the fused norms within 1 bf16
-ulp; SiLU-quant byte for byte in every mode. Exit code 1 and a table if anything is off.
+ulp; decode attention within float tolerance; SiLU-quant byte for byte in every mode. Exit code 1
+and a table if anything is off.
 
     python bench/plugins_check.py --out bench/results/plugins_check_h200.json
 """
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from ocria.plugins.decode_attention import decode_attention
+from ocria.plugins.decode_attention.reference import decode_attention_reference
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
@@ -90,6 +93,22 @@ def check_norms(dtype: torch.dtype, dev: str) -> dict:
             "ok": ulps <= limit}
 
 
+def check_attention(dtype: torch.dtype, dev: str) -> dict:
+    """ocria-1-sim's attention shape (8 heads of 256 over 2 KV heads), T = 1 and 16, causal and block."""
+    g = torch.Generator(dev).manual_seed(3)
+    S, L, errs = 9, 600, []
+    k, v = (torch.randn(S, 2, L, 256, generator=g, device=dev).to(dtype) for _ in range(2))
+    for T, causal in ((1, True), (16, True), (16, False)):
+        q = torch.randn(8, T, 8, 256, generator=g, device=dev).to(dtype).transpose(1, 2)
+        slots = torch.randperm(S, generator=g, device=dev)[:8]
+        start = torch.randint(0, L - 40, (8,), generator=g, device=dev, dtype=torch.int32)
+        got = decode_attention(q, k, v, slots, start, 512, 256**-0.5, causal, use_kernel=True)
+        errs.append(_rel(got, decode_attention_reference(q, k, v, slots, start, 512, 256**-0.5, causal)))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    return {"kernel": "decode_attention", "dtype": str(dtype), "max_rel_err": max(errs), "tolerance": tol,
+            "ok": max(errs) <= tol}
+
+
 def check_silu_quant(dev: str) -> list[dict]:
     g = torch.Generator(dev).manual_seed(2)
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
@@ -113,7 +132,8 @@ def main() -> int:
     args = ap.parse_args()
     dev = args.device
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), check_norms(torch.float32, dev),
-            check_norms(torch.bfloat16, dev), *check_silu_quant(dev)]
+            check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev), check_attention(torch.bfloat16, dev),
+            *check_silu_quant(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}

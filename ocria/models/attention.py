@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
 from ocria.models.layers import ZeroCenteredRMSNorm, apply_rotary, project
+from ocria.plugins.decode_attention import decode_attention
 
 
 def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, start: Tensor) -> None:
@@ -17,25 +18,9 @@ def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tens
     v_cache[rows, :, pos] = v.to(v_cache.dtype)
 
 
-def cached_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor, attn_len: int,
-                     scale: float, causal_block: bool = True) -> Tensor:
-    """q [B, H, T, D] attends to the first ``attn_len`` cache entries of its slot. Query t sees keys
-    ``j <= start + t`` (causal) or ``j < start + T`` (``causal_block=False``: bidirectional block)."""
-    B, H, T, _ = q.shape
-    attn_len = min(attn_len, k_cache.shape[2])
-    keys = k_cache[slots, :, :attn_len]
-    values = v_cache[slots, :, :attn_len]
-    rep = H // keys.shape[1]
-    keys, values = keys.repeat_interleave(rep, dim=1), values.repeat_interleave(rep, dim=1)
-    j = torch.arange(attn_len, device=q.device)
-    t = torch.arange(T, device=q.device)
-    limit = start.long()[:, None] + (t[None, :] if causal_block else T - 1)
-    mask = j[None, None, :] <= limit[:, :, None]
-    return F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask[:, None],
-                                          scale=scale)
-
-
 class GatedAttention(nn.Module):
+    use_kernel: bool | None = None  # plugins switch: cached attention reads the slot in place (Triton)
+
     def __init__(self, cfg: TextConfig, cache_index: int):
         super().__init__()
         self.cache_index = cache_index
@@ -68,7 +53,7 @@ class GatedAttention(nn.Module):
             i = self.cache_index
             start = cache.kv_len[slots]
             write_kv(cache.k[i], cache.v[i], k, v, slots, start)
-            o = cached_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
-                                 attn_len or cache.max_len, scale)
+            o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
+                                 attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
         return self.o_proj(o)

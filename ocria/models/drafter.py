@@ -27,14 +27,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.errors import ConfigError
-from ocria.models.attention import cached_attention, write_kv
+from ocria.models.attention import write_kv
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
 from ocria.models.layers import RMSNorm, SwiGLU, apply_rotary, fuse_linears, inverse_frequencies, rope_cos_sin
+from ocria.plugins.decode_attention import decode_attention
 
 
 class DrafterAttention(nn.Module):
+    use_kernel: bool | None = None  # plugins switch (``DFlash2Drafter.set_plugins``) for the cached attention
+
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -77,8 +80,8 @@ class DrafterLayer(nn.Module):
         q = apply_rotary(q, cos[:, :, None], sin[:, :, None])
         k, v = attn.kv(h, cos, sin)
         write_kv(k_cache, v_cache, k, v, slots, ctx_len)
-        o = cached_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
-                             attn.head_dim**-0.5, causal_block=False)
+        o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
+                             attn.head_dim**-0.5, causal_block=False, use_kernel=attn.use_kernel)
         x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -95,6 +98,12 @@ class DFlash2Drafter(nn.Module):
             self.selector_head = nn.Linear(cfg.hidden_size, 1, bias=True)
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: nn.Linear | None = None
+
+    def set_plugins(self, use_kernel: bool | None) -> None:
+        """The plugins' switch for the drafter's kernels (its cached attention), as ``TextModel.set_plugins``."""
+        for module in self.modules():
+            if hasattr(module, "use_kernel"):
+                module.use_kernel = use_kernel
 
     def bind(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> "DFlash2Drafter":
         """Share the target's embeddings and LM head (the drafter has none of its own)."""

@@ -71,6 +71,8 @@ class Engine:
         drafter_dir = self.root / "drafter"
         self.drafter = (DFlash2Drafter.from_pretrained(drafter_dir, self.target, self.dtype, str(self.device))
                         if drafter_dir.is_dir() else None)
+        if self.drafter is not None:
+            self.drafter.set_plugins(use_plugins)
         self.block_size = self.drafter.config.block_size if self.drafter else 1
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

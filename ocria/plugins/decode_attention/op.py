@@ -1,0 +1,30 @@
+"""``torch.library`` operator ``ocria::decode_attention`` and the function the attention layers call.
+``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the reference elsewhere);
+shapes the kernel does not take (prefill chunks of more than 16 tokens) run the reference."""
+
+import torch
+from torch import Tensor
+
+from ocria.plugins.decode_attention.kernel import decode_attention_triton, supports
+from ocria.plugins.decode_attention.reference import decode_attention_reference
+from ocria.plugins.switch import kernel_enabled
+
+
+@torch.library.custom_op("ocria::decode_attention", mutates_args=())
+def _decode_attention_op(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor, attn_len: int,
+                         scale: float, causal_block: bool) -> Tensor:
+    return decode_attention_triton(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)
+
+
+@_decode_attention_op.register_fake
+def _(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block):
+    B, H, T, D = q.shape
+    return q.new_empty(B, T, H, D).transpose(1, 2)
+
+
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor, attn_len: int,
+                     scale: float, causal_block: bool = True, use_kernel: bool | None = None) -> Tensor:
+    """q [B, H, T, D] over cache slots [S, Hkv, L, D]; see ``reference.decode_attention_reference``."""
+    if kernel_enabled(q.device, use_kernel) and supports(q, k_cache):
+        return torch.ops.ocria.decode_attention(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)
+    return decode_attention_reference(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)
