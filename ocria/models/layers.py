@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
+from ocria.plugins.silu_quant import silu_mul_quant
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -79,6 +80,8 @@ def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tenso
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with HF parameter names."""
 
+    use_kernel: bool | None = None  # plugins switch: the fused SiLU-multiply (ocria::silu_mul_quant, bf16 mode)
+
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
@@ -86,8 +89,13 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = project(self, x, ("gate_proj", "up_proj"))
-        return self.down_proj(F.silu(gate) * up)
+        fused = self.__dict__.get("_fused", {}).get(("gate_proj", "up_proj"))
+        if fused is None:
+            gate, up = project(self, x, ("gate_proj", "up_proj"))
+            return self.down_proj(F.silu(gate) * up)
+        # inference: one gate/up GEMM, then SiLU-multiply in one pass (same two roundings as above)
+        h, _ = silu_mul_quant(F.linear(x, fused[0]), "bf16", use_kernel=self.use_kernel)
+        return self.down_proj(h)
 
 
 def rotate_half(x: Tensor) -> Tensor:
