@@ -83,6 +83,7 @@ def main() -> int:
     target.text.fuse_projections()
     drafter.fuse_projections()
     target.text.set_plugins(args.plugins == "on")
+    drafter.set_plugins(args.plugins == "on")
     buf = io.BytesIO()
     generate(7, kind="line").image.save(buf, format="PNG")
     prompt = Processor(preset.assets).prepare(buf.getvalue())
