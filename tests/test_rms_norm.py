@@ -89,3 +89,15 @@ def test_model_norms_take_the_plugin_switch():
         assert all(m.use_kernel for m in norms)
         got = target.text(target.text.embed_tokens(ids), pos)[0]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_one_kernel_can_be_set_aside_by_name(monkeypatch):
+    from ocria.plugins.switch import kernel_enabled
+
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "rms_norm, decode_attention")
+    assert not kernel_enabled(cuda, None, "rms_norm") and not kernel_enabled(cuda, None, "decode_attention")
+    assert kernel_enabled(cuda, None, "replay_ssm") and kernel_enabled(cuda, True, "rms_norm")  # explicit wins
+    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "rms_nrom")
+    with pytest.raises(OcriaError, match="unknown kernel 'rms_nrom'"):
+        kernel_enabled(cuda, None, "rms_norm")

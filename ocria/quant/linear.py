@@ -156,7 +156,7 @@ class QuantLinear(nn.Module):
                 q, s = quantize_act(x, self.act_mode, self.input_scale, use_kernel=self.use_kernel)
                 return self.forward_fp8(q, s, x.dtype)
             return self._emulate_fp8(x)
-        if kernel_enabled(x.device, self.use_kernel):
+        if kernel_enabled(x.device, self.use_kernel, "nvfp4_gemm"):
             y = nvfp4_gemm(x.to(torch.bfloat16), self.weight, self.weight_scale, self.weight_scale_2,
                            use_kernel=self.use_kernel).to(x.dtype)
         else:

@@ -25,6 +25,6 @@ def _(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block):
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor, attn_len: int,
                      scale: float, causal_block: bool = True, use_kernel: bool | None = None) -> Tensor:
     """q [B, H, T, D] over cache slots [S, Hkv, L, D]; see ``reference.decode_attention_reference``."""
-    if kernel_enabled(q.device, use_kernel) and supports(q, k_cache):
+    if kernel_enabled(q.device, use_kernel, "decode_attention") and supports(q, k_cache):
         return torch.ops.ocria.decode_attention(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)
     return decode_attention_reference(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)

@@ -24,6 +24,6 @@ def _(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor) -
 def nvfp4_gemm(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor,
                use_kernel: bool | None = None) -> Tensor:
     """``x @ W^T`` for bf16 ``x`` [..., K] and NVFP4 ``weight`` [N, K/2] (see ``reference``)."""
-    if not kernel_enabled(x.device, use_kernel):
+    if not kernel_enabled(x.device, use_kernel, "nvfp4_gemm"):
         return nvfp4_gemm_reference(x, weight, weight_scale, weight_scale_2)
     return torch.ops.ocria.nvfp4_gemm(x, weight, weight_scale, weight_scale_2)

@@ -54,7 +54,7 @@ def replay_verify(
 ) -> Tensor:  # fmt: skip
     """Fold pending tokens, verify T new ones, park them; same contract as ``replay_verify_ref``."""
     args = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids)
-    if kernel_enabled(q.device, use_kernel):
+    if kernel_enabled(q.device, use_kernel, "replay_ssm"):
         return torch.ops.ocria.replay_verify(*args)
     return replay_verify_ref(*args)
 
@@ -63,6 +63,6 @@ def causal_conv_verify(
     x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, use_kernel: bool | None = None
 ) -> Tensor:
     """Conv window rollback + depthwise causal conv + SiLU; same contract as ``causal_conv_verify_ref``."""
-    if kernel_enabled(x.device, use_kernel):
+    if kernel_enabled(x.device, use_kernel, "replay_ssm"):
         return torch.ops.ocria.causal_conv_verify(x, weight, conv_buf, pending_len, slot_ids)
     return causal_conv_verify_ref(x, weight, conv_buf, pending_len, slot_ids)

@@ -33,7 +33,7 @@ def _(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
 def _use_kernel(x: Tensor, params: tuple[Tensor, ...], use_kernel: bool | None) -> bool:
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)):
         return False
-    return kernel_enabled(x.device, use_kernel)
+    return kernel_enabled(x.device, use_kernel, "rms_norm")
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, use_kernel: bool | None = None) -> Tensor:

@@ -69,7 +69,7 @@ def silu_mul_quant(
     Returns ``(out, scales)``: ``scales`` is None for ``bf16`` / ``fp8_static``, fp32 [..., 1] for
     ``fp8_dynamic``, float8_e4m3fn [..., N/16] for ``nvfp4``.
     """
-    if not kernel_enabled(gate_up.device, use_kernel):
+    if not kernel_enabled(gate_up.device, use_kernel, "silu_quant"):
         return silu_mul_quant_reference(gate_up, mode, scale)
     out, scales = torch.ops.ocria.silu_mul_quant(gate_up, mode, scale)
     return out, _scales_of(mode, scales)
@@ -79,7 +79,7 @@ def quantize_act(
     x: Tensor, mode: str, scale: Tensor | None = None, use_kernel: bool | None = None
 ) -> tuple[Tensor, Tensor | None]:
     """Quantize a linear layer's input (modes ``fp8_static``, ``fp8_dynamic``, ``nvfp4``)."""
-    if not kernel_enabled(x.device, use_kernel):
+    if not kernel_enabled(x.device, use_kernel, "silu_quant"):
         return quantize_act_reference(x, mode, scale)
     out, scales = torch.ops.ocria.quantize_act(x, mode, scale)
     return out, _scales_of(mode, scales)
