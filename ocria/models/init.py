@@ -8,6 +8,12 @@ from torch import nn
 from ocria.models.layers import ZeroCenteredRMSNorm
 
 
+def name_seeded(seed: int, name: str, device: torch.device | str = "cpu") -> torch.Generator:
+    """A generator seeded by ``seed`` and a tensor's name: each tensor's values do not depend on the order
+    tensors are initialised in."""
+    return torch.Generator(device).manual_seed(seed * 1_000_003 + sum(ord(c) * (i + 1) for i, c in enumerate(name)))
+
+
 @torch.no_grad()
 def random_init(model: nn.Module, seed: int, std: float = 0.02, embed_std: float | None = None) -> nn.Module:
     """Initialise every parameter from a generator seeded per tensor name (order-independent), on the
@@ -21,7 +27,7 @@ def random_init(model: nn.Module, seed: int, std: float = 0.02, embed_std: float
     """
     zero_centred = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, ZeroCenteredRMSNorm)}
     for name, p in model.named_parameters():
-        g = torch.Generator(p.device).manual_seed(seed * 1_000_003 + sum(ord(c) * (i + 1) for i, c in enumerate(name)))
+        g = name_seeded(seed, name, p.device)
         kw = dict(device=p.device, dtype=torch.float32)
         leaf = name.rsplit(".", 1)[-1]
         if name in zero_centred or leaf == "bias":

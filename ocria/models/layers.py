@@ -68,9 +68,14 @@ def fuse_linears(module: nn.Module, names: tuple[str, ...]) -> None:
     module.__dict__.setdefault("_fused", {})[names] = (fused, [lin.out_features for lin in linears])
 
 
+def fused_group(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, list[int]] | None:
+    """(stacked weight, output sizes) of the named linears when ``fuse_linears`` prepared them."""
+    return module.__dict__.get("_fused", {}).get(names)
+
+
 def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tensor, ...]:
     """Apply the named linears of ``module`` to x (one GEMM when ``fuse_linears`` prepared them)."""
-    fused = module.__dict__.get("_fused", {}).get(names)
+    fused = fused_group(module, names)
     if fused is None:
         return tuple(getattr(module, n)(x) for n in names)
     weight, sizes = fused
@@ -89,7 +94,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        fused = self.__dict__.get("_fused", {}).get(("gate_proj", "up_proj"))
+        fused = fused_group(self, ("gate_proj", "up_proj"))
         if fused is None:
             gate, up = project(self, x, ("gate_proj", "up_proj"))
             return self.down_proj(F.silu(gate) * up)

@@ -1,7 +1,14 @@
 """Rounding helpers shared by the Triton kernels of the plugins."""
 
+import torch
 import triton
 import triton.language as tl
+from torch import Tensor
+
+
+def bf16_as_int16(t: Tensor) -> Tensor:
+    """bf16 tensors as their int16 bits (what ``widen`` reads and ``bf16_bits`` writes); others as they are."""
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
 @triton.jit

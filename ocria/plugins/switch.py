@@ -1,6 +1,7 @@
 """The plugins' one switch: which implementation of a custom kernel runs."""
 
 import os
+from functools import lru_cache
 
 import torch
 
@@ -10,10 +11,16 @@ KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attenti
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
 
 
-def disabled_kernels() -> set[str]:
+def disabled_kernels() -> frozenset[str]:
     """Kernels named in ``OCRIA_DISABLE_KERNELS`` (comma-separated): their default becomes the reference,
     so one misbehaving kernel on a new GPU or Triton can be set aside without losing the others."""
-    names = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+    return _parse_disabled(os.environ.get(DISABLE_ENV, ""))
+
+
+@lru_cache(maxsize=8)
+def _parse_disabled(value: str) -> frozenset[str]:
+    """Parsed once per value: kernel_enabled runs on every plugin call."""
+    names = frozenset(n.strip() for n in value.split(",") if n.strip())
     unknown = names - set(KERNELS)
     if unknown:
         raise OcriaError(f"{DISABLE_ENV}: unknown kernel {sorted(unknown)[0]!r}; known: {', '.join(KERNELS)}")

@@ -41,15 +41,15 @@ def quantize_in_place(model: OCRiaForConditionalGeneration, recipe: Recipe) -> d
         raise ValueError(f"recipe {recipe.name!r} searches formats with calibration data; name fixed rules")
     modules = dict(model.named_modules())
     formats = {n: f for n, f in recipe.formats(modules).items() if f != "bf16"}
-    group_amax: dict[str, Tensor] = {}  # gate_proj and up_proj of one MLP share the NVFP4 global scale
-    for name in formats:
-        key = re.sub(r"\.(gate|up)_proj$", ".gate_up", name)
+    group = {name: re.sub(r"\.(gate|up)_proj$", ".gate_up", name) for name in formats}  # gate/up share a scale
+    group_amax: dict[str, Tensor] = {}
+    for name, key in group.items():
         amax = modules[name].weight.float().abs().amax()
         group_amax[key] = torch.maximum(group_amax.get(key, amax), amax)
     linears = {}
     for name, fmt in formats.items():
         linear: nn.Linear = modules[name]
-        amax = group_amax[re.sub(r"\.(gate|up)_proj$", ".gate_up", name)]
+        amax = group_amax[group[name]]
         t = quantize_weight(linear.weight, fmt, amax)
         linears[name] = QuantLinear(fmt, t["weight"], linear.bias, t["weight_scale"], t.get("weight_scale_2"),
                                     name=name)

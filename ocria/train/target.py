@@ -8,7 +8,7 @@ from torch import Tensor
 
 from ocria.models import OCRiaConfig, OCRiaForConditionalGeneration
 from ocria.models.gdn import GatedDeltaNet
-from ocria.models.init import random_init
+from ocria.models.init import name_seeded, random_init
 from ocria.train.data import IGNORE, Batch
 
 DT_RANGE = (1e-3, 0.1)  # per-head step size softplus(dt_bias) at init, log-uniform
@@ -28,7 +28,7 @@ def init_gdn_memory(model: torch.nn.Module, seed: int, dt_range: tuple[float, fl
     lo, hi = math.log(dt_range[0]), math.log(dt_range[1])
     for name, module in model.named_modules():
         if isinstance(module, GatedDeltaNet):
-            g = torch.Generator().manual_seed(seed * 1_000_003 + sum(ord(c) * (i + 1) for i, c in enumerate(name)))
+            g = name_seeded(seed, name)
             dt = torch.exp(torch.rand(module.dt_bias.shape, generator=g, dtype=torch.float64) * (hi - lo) + lo)
             inverse_softplus = dt + torch.log(-torch.expm1(-dt))
             module.dt_bias.copy_(inverse_softplus.to(module.dt_bias.dtype))

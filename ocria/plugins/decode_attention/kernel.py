@@ -11,7 +11,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ocria.errors import OcriaError
-from ocria.plugins.rounding import bf16_bits, widen
+from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
 
 MAX_T = 16  # decode and verify blocks; longer (prefill) chunks take the reference
 
@@ -90,9 +90,9 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     BM = max(16, triton.next_power_of_2(MAX_T * rep))
     # The interpreter has no bf16 arithmetic: there bf16 travels as int16 bits and is computed in fp32.
     as_bits = q.dtype == torch.bfloat16 and q.device.type == "cpu"
-    bits = (lambda t: t.view(torch.int16)) if as_bits else (lambda t: t)  # noqa: E731
+    q_, k_, v_, out_ = (bf16_as_int16(t) if as_bits else t for t in (q, k_cache, v_cache, out))
     _decode_attention_kernel[(B, k_cache.shape[1])](
-        bits(q), bits(k_cache), bits(v_cache), slots.contiguous(), start.contiguous(), bits(out),
+        q_, k_, v_, slots.contiguous(), start.contiguous(), out_,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride()[:3], *v_cache.stride()[:3],
         T, H, min(attn_len, k_cache.shape[2]), scale,
         REP=rep, D=D, BD=max(16, triton.next_power_of_2(D)), BM=BM, BN=32, CAUSAL=causal_block,

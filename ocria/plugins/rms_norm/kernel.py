@@ -12,7 +12,7 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from ocria.errors import OcriaError
-from ocria.plugins.rounding import bf16_bits, round_to_dtype, widen
+from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
 MAX_WIDTH = 16384
 
@@ -57,10 +57,6 @@ def _rows(t: Tensor) -> tuple[Tensor, int]:
     return t2, t2.stride(0)
 
 
-def _bits(t: Tensor) -> Tensor:
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
-
-
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, z: Tensor | None = None) -> Tensor:
     """``rms_norm_reference`` (z None) or ``gated_rms_norm_reference`` (z given) in one launch."""
     N = x.shape[-1]
@@ -79,7 +75,7 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
     rows = max(1, min(16, 4096 // BN))
     prod = torch.promote_types(weight.dtype, x.dtype)
     _rms_norm_kernel[(triton.cdiv(M, rows),)](
-        _bits(x2), _bits(z2), _bits(weight.contiguous()), _bits(y), M, N, sx, sz, eps, offset,
+        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y)), M, N, sx, sz, eps, offset,
         GATED=z is not None, X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
         DT=tl.float32, ROWS=rows, BN=BN,
