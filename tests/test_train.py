@@ -280,8 +280,10 @@ def test_sharded_state_round_trips_and_replaces_old_shards(tmp_path, monkeypatch
     run: dict = {"checkpoint": None}
     first = ckpt.save_state(tmp_path, run, tensors, "x-1")
     assert len(first) > 2 and all((tmp_path / f).stat().st_size <= 4096 + 1024 for f in first)
+    run["checkpoint"] = {"stage": "x", "step": 2}  # as Run.save() rebuilds it: no file list
     second = ckpt.save_state(tmp_path, run, tensors, "x-2")
     assert not any((tmp_path / f).exists() for f in first)
+    assert sorted(p.name for p in tmp_path.glob("state-*")) == sorted(second)
     back = ckpt.load_state(tmp_path, ckpt.read_run(tmp_path))
     assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
     assert json.loads((tmp_path / "run.json").read_text())["checkpoint"]["files"] == second

@@ -63,7 +63,7 @@ def load_module_tensors(module: nn.Module, prefix: str, tensors: dict[str, torch
 
 def save_state(directory: Path, run: dict, tensors: dict[str, torch.Tensor], tag: str) -> list[str]:
     """Write ``tensors`` as shards named ``state-<tag>-<k>.safetensors``, point ``run['checkpoint']`` at
-    them, replace run.json, then delete shards of earlier generations. Returns the shard names."""
+    them, replace run.json, then delete every other shard in ``directory``. Returns the shard names."""
     directory.mkdir(parents=True, exist_ok=True)
     pieces: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():  # tensors over a shard are cut along dim 0 into name#k parts
@@ -93,11 +93,13 @@ def save_state(directory: Path, run: dict, tensors: dict[str, torch.Tensor], tag
         save_file(shard, tmp)
         os.replace(tmp, directory / fname)
         names.append(fname)
-    old = set(run.get("checkpoint", {}).get("files", [])) if run.get("checkpoint") else set()
     run["checkpoint"] = dict(run.get("checkpoint") or {}, files=names)
     write_json(directory / RUN_FILE, run)
-    for fname in old - set(names):
-        (directory / fname).unlink(missing_ok=True)
+    # Every other shard on disk is stale, whatever run.json said before: callers rebuild
+    # run["checkpoint"] for each save, so its old file list is not a reliable inventory.
+    for stale in directory.glob("state-*.safetensors"):
+        if stale.name not in names:
+            stale.unlink(missing_ok=True)
     return names
 
 
