@@ -3,13 +3,26 @@
     python bench/e2e.py --preset ocria-1-sim --batch 1 8 32 64 --out bench/results/e2e_h200.json
 
 For each batch size: prefill the same document prompt into every row, then time graph-captured
-decode steps (one graph launch + one async readback per step). ``ar`` runs first and its greedy
-tokens become the oracle table; ``oracle`` forces every draft to be the target's own continuation,
-``tau=X`` forces the first k ~ Binomial(B-1, (X-1)/(B-1)) drafts right and the rest wrong, ``spec``
-uses the (random) drafter as is. The drafter always runs. Every spec-family run is checked token for
-token against ``ar`` (bf16 on both sides); a first divergence is accepted only where ``ar``'s top-2
-logit margin at that position is under --tie-margin (a floating-point tie), and it is reported.
-Also: launches per step (profiler), host time per step, roofline fraction, HF transformers baseline.
+decode steps (one graph launch + one async readback per step). ``oracle`` forces every draft to be
+the target's own continuation, ``tau=X`` forces the first k ~ Binomial(B-1, (X-1)/(B-1)) drafts right
+and the rest wrong (uniforms fixed per row and position, so a run is a function of its table), ``spec``
+uses the (random) drafter as is. The drafter always runs.
+
+The forced modes read an oracle table of wanted tokens. ``ar``'s greedy tokens seed it, but in bf16
+the ar path (T=1 steps) and the verify path (T=block steps) differ by rounding, a near-tie flips and
+every later draft would be rejected. So before timing, a forced mode runs un-timed passes on the same
+batch and block schedule and takes the tokens it emitted as the new table until a pass emits exactly
+the table (every block fully accepted): a fixed point of the verify path itself. Each pass extends the
+agreed prefix by at least one token (the verify outputs up to the first disagreement repeat), so the
+cap of tokens + block + 1 passes is never the reason to stop; the passes are reported.
+
+Checks, each failing the run: the timed tokens of a forced mode equal its table (exact: same
+computation, same schedule); every spec-family run equals ``ar`` token for token (bf16 on both
+sides), a first divergence accepted only where the two tokens' logit gap is under twice the measured
+ar/verify path noise (a floating-point tie), and reported; an fp32 run of oracle and tau=8 vs ar.
+Also: launches per step (profiler), host time per step, roofline fraction, HF transformers baseline,
+``--profile``: every kernel of one eager ar and one eager oracle step at batch 1, the oracle step
+split into drafter and target verify + commit.
 ``--recipe mixed`` (any fixed-rule recipe) quantizes the target's weights first, without calibration
 (``ocria.quant.direct``): same bytes and kernels per step as a built engine of that recipe.
 """
@@ -40,23 +53,65 @@ from ocria.runtime.processor import Processor
 
 
 class ForcedDrafter:
-    """The real drafter runs; its proposals are replaced from an oracle table (graph-safe)."""
+    """The real drafter runs; its proposals are replaced from an oracle table (graph-safe).
 
-    def __init__(self, real, table: torch.Tensor, tau: float | None):
+    ``table[slot, pos]`` is the wanted token at position ``pos``; the graph reads it in place, so the
+    fixed-point passes rewrite it without a new capture. With ``tau`` the first k drafts stay right and
+    the rest are made wrong, k counting uniforms under (tau - 1) / n drawn once per (slot, position):
+    the same table gives the same schedule, as the fixed point needs.
+    """
+
+    def __init__(self, real, table: torch.Tensor, tau: float | None, seed: int = 0):
         self.real, self.table, self.tau = real, table, tau
+        n = real.config.block_size - 1
+        gen = torch.Generator(table.device).manual_seed(seed)
+        self.draws = torch.rand(*table.shape, n, generator=gen, device=table.device) if tau is not None else None
 
     def __getattr__(self, name):
         return getattr(self.real, name)
 
     def propose(self, logits, cache, slots):
         n = logits.shape[1]
-        idx = cache.ctx_len[slots].long()[:, None] + 1 + torch.arange(n, device=slots.device)
-        want = self.table[slots[:, None], idx.clamp(max=self.table.shape[1] - 1)]
+        pos = cache.ctx_len[slots].long().clamp(max=self.table.shape[1] - 1)
+        idx = (pos[:, None] + 1 + torch.arange(n, device=slots.device)).clamp(max=self.table.shape[1] - 1)
+        want = self.table[slots[:, None], idx]
         if self.tau is not None:
-            k = (torch.rand(slots.shape[0], n, device=slots.device) < (self.tau - 1) / n).sum(1)
+            k = (self.draws[slots, pos] < (self.tau - 1) / n).sum(1)
             wrong = torch.arange(n, device=slots.device)[None, :] >= k[:, None]
             want = torch.where(wrong, (want + 1) % logits.shape[-1], want)
         return want
+
+
+def first_mismatch(want: list[int], got: list[int]) -> int | None:
+    return next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+
+
+def table_rows(table: torch.Tensor, start: int, tokens: list[list[int]]) -> list[list[int]]:
+    """Each row's table entries over the positions its emitted tokens cover."""
+    return [table[r, start: start + len(t)].tolist() for r, t in enumerate(tokens)]
+
+
+def oracle_fixed_point(generate, table: torch.Tensor, start: int, max_passes: int) -> tuple[int, bool, dict]:
+    """Rewrite ``table`` in place until a pass of the forced mode emits exactly the table.
+
+    ``generate(p)`` runs pass p (un-timed, same batch and schedule as the timed run) and returns
+    (tokens per row, where token 0 sits at position ``start``; stats). Emitted tokens are the verify
+    path's own greedy outputs, so they become the table. Returns (passes, converged, last pass's stats).
+    """
+    for p in range(1, max_passes + 1):
+        tokens, stats = generate(p)
+        if all(first_mismatch(w, t) is None for w, t in zip(table_rows(table, start, tokens), tokens)):
+            return p, True, stats
+        for r, t in enumerate(tokens):
+            table[r, start: start + len(t)] = torch.tensor(t, device=table.device)
+    return max_passes, False, stats
+
+
+def check_table(table: torch.Tensor, start: int, tokens: list[list[int]]) -> tuple[bool, list[dict]]:
+    """A forced mode's timed tokens against its (fixed-point) table: exact, no tie allowance."""
+    report = [{"row": r, "compared": len(t), "first_divergence": first_mismatch(w, t)}
+              for r, (w, t) in enumerate(zip(table_rows(table, start, tokens), tokens))]
+    return all(x["first_divergence"] is None for x in report), report
 
 
 def copy_bandwidth() -> float:
@@ -127,8 +182,9 @@ def prefill_rows(target, drafter, tcache, dcache, prompt, rows) -> list[int]:
     return [first] * rows
 
 
-def run_mode(target, drafter, prompt, rows, mode, table, args):
-    """Capture + profile on a throw-away generation, then time a fresh one. Returns row dict + tokens."""
+def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar"):
+    """Capture + profile on a throw-away generation, bring a forced mode's table to its fixed point,
+    then time a fresh generation. Returns row dict + tokens. ``source`` says where ``table`` came from."""
     spec = mode != "ar"
     cfg, dc = target.text_config, drafter.config
     L = prompt.input_ids.numel()
@@ -154,35 +210,48 @@ def run_mode(target, drafter, prompt, rows, mode, table, args):
     graph.step(slots, first, params, spec, horizon, True, ("warm", mode))
     launches = count_launches(lambda: graph.step(slots, first, None, spec, horizon, True, ("warm", mode)))
 
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    first = prefill_rows(target, real, tcache, dcache, prompt, rows)
-    torch.cuda.synchronize()
-    ttft_ms = (time.perf_counter() - t0) * 1e3  # one prompt prefill (the other rows copy its state)
-    tokens = [[t] for t in first]
-    step_ms, wall_ms, acc_total = [], [], 0
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    n = 0
-    while min(len(t) for t in tokens) <= args.tokens and n < steps:
-        w0 = time.perf_counter()
-        start.record()
-        out, acc, _ = graph.step(slots, [t[-1] for t in tokens], params, spec, horizon, True, ("timed", mode))
-        end.record()
-        wall_ms.append((time.perf_counter() - w0) * 1e3)
-        step_ms.append(start.elapsed_time(end))
-        n += 1
-        for r in range(rows):
-            tokens[r] += out[r, : int(acc[r]) + 1].tolist()
-        acc_total += int(acc.sum())
+    def generate(tag) -> tuple[list[list[int]], dict]:
+        """Prefill every row, then graph steps until each row has ``args.tokens`` after its first."""
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        first = prefill_rows(target, real, tcache, dcache, prompt, rows)
+        torch.cuda.synchronize()
+        ttft_ms = (time.perf_counter() - t0) * 1e3  # one prompt prefill (the other rows copy its state)
+        tokens = [[t] for t in first]
+        step_ms, wall_ms, acc_total = [], [], 0
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        n = 0
+        while min(len(t) for t in tokens) <= args.tokens and n < steps:
+            w0 = time.perf_counter()
+            start.record()
+            out, acc, _ = graph.step(slots, [t[-1] for t in tokens], params, spec, horizon, True, tag)
+            end.record()
+            wall_ms.append((time.perf_counter() - w0) * 1e3)
+            step_ms.append(start.elapsed_time(end))
+            n += 1
+            for r in range(rows):
+                tokens[r] += out[r, : int(acc[r]) + 1].tolist()
+            acc_total += int(acc.sum())
+        tau = (acc_total + rows * n) / (rows * n)
+        return tokens, {"steps": n, "step_ms": step_ms, "wall_ms": wall_ms, "ttft_ms": ttft_ms, "tau": tau}
+
+    forced = {}
+    if isinstance(use, ForcedDrafter):
+        passes, converged, last = oracle_fixed_point(lambda p: generate(("pass", mode, p)), table, L,
+                                                     args.tokens + T + 1)
+        source = source if passes == 1 else "fixed_point"
+        forced = {"table_source": source, "oracle_passes": passes, "oracle_converged": converged,
+                  "fixed_point_tau": last["tau"]}
+    tokens, st = generate(("timed", mode))
     if not spec:
         for r in range(rows):
             table[r, L: L + len(tokens[r])] = torch.tensor(tokens[r], device="cuda")
+    step_ms, wall_ms = st["step_ms"], st["wall_ms"]
     med_step, med_wall = statistics.median(step_ms[1:] or step_ms), statistics.median(wall_ms[1:] or wall_ms)
-    tau = (acc_total + rows * n) / (rows * n)
-    row = {"batch": rows, "mode": mode, "steps": n, "step_ms": med_step, "wall_ms_per_step": med_wall,
+    row = {"batch": rows, "mode": mode, "steps": st["steps"], "step_ms": med_step, "wall_ms_per_step": med_wall,
            "host_ms_per_step": max(med_wall - med_step, 0.0), "host_fraction": max(med_wall - med_step, 0) / med_wall,
-           "mean_acceptance_length": tau, "tokens_per_s": rows * tau / (med_wall / 1e3), "ttft_ms": ttft_ms,
-           "launches": launches, "kv_len_end": L + max(len(t) for t in tokens)}
+           "mean_acceptance_length": st["tau"], "tokens_per_s": rows * st["tau"] / (med_wall / 1e3),
+           "ttft_ms": st["ttft_ms"], "launches": launches, "kv_len_end": L + max(len(t) for t in tokens), **forced}
     return row, tokens
 
 
@@ -250,6 +319,17 @@ def check_lossless(target, prompt, ar_tokens, spec_tokens, tie_margin):
     return all(x["first_divergence"] is None or x["tie"] for x in report), report
 
 
+def record_table_check(results, table, start, tokens, row, precision: str) -> bool:
+    """Forced mode: the timed tokens must equal the table they were forced from; stored in results."""
+    ok, report = check_table(table, start, tokens)
+    results["table_checks"].append({"precision": precision, "batch": row["batch"], "mode": row["mode"], "ok": ok,
+                                    **{k: row[k] for k in ("table_source", "oracle_passes", "oracle_converged")},
+                                    "rows": report})
+    if not ok:
+        print(f"B={row['batch']} {row['mode']} ({precision}): timed tokens differ from the oracle table", flush=True)
+    return ok
+
+
 def fp32_check(preset, prompt, args, results) -> bool:
     """spec == ar on the same weights in fp32 (oracle and tau=8), where no tie should flip."""
     target, drafter = random_models(preset, "cuda", torch.float32)
@@ -257,50 +337,114 @@ def fp32_check(preset, prompt, args, results) -> bool:
     table = torch.zeros(args.fp32_check + 1, prompt.input_ids.numel() + args.tokens * 2 + 64, dtype=torch.long,
                         device="cuda")
     _, ar = run_mode(target, drafter, prompt, args.fp32_check, "ar", table, args)
-    ok_all = True
+    ok_all, source = True, "ar"
     for mode in ("oracle", "tau=8"):
-        row, spec = run_mode(target, drafter, prompt, args.fp32_check, mode, table, args)
+        row, spec = run_mode(target, drafter, prompt, args.fp32_check, mode, table, args, source)
+        source = row["table_source"]
         ok, report = check_lossless(target, prompt, ar, spec, 1e-3)
-        ok_all &= ok
+        ok_all &= ok & record_table_check(results, table, prompt.input_ids.numel(), spec, row, "fp32")
         results["lossless"].append({"precision": "fp32", "batch": args.fp32_check, "mode": mode, "ok": ok,
                                     "mean_acceptance_length": row["mean_acceptance_length"], "rows": report})
-        print(f"fp32 {mode}: lossless {ok}, tau {row['mean_acceptance_length']:.2f}", flush=True)
+        print(f"fp32 {mode}: lossless {ok}, tau {row['mean_acceptance_length']:.2f}, "
+              f"table {source} after {row['oracle_passes']} passes", flush=True)
     del target, drafter
     torch.cuda.empty_cache()
     return ok_all
 
 
+class DrafterRanges:
+    """A drafter whose step calls run inside profiler ranges ``drafter.<method>``, so a profile can
+    tell the drafter's kernels from the target's without touching the model code."""
+
+    METHODS = ("draft", "propose", "verify_budget", "append_context")
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name not in self.METHODS:
+            return attr
+
+        def ranged(*a, **kw):
+            with torch.profiler.record_function(f"drafter.{name}"):
+                return attr(*a, **kw)
+
+        return ranged
+
+
+def _kernel_count(event) -> int:
+    return len(event.kernels) + sum(_kernel_count(c) for c in event.cpu_children)
+
+
+def kernel_table(prof, ranges: tuple[str, ...] = ()) -> dict:
+    """Every device kernel (and memcpy/memset) of a profile by name, plus the kernel time launched
+    inside each CPU range named in ``ranges`` (their device_time_total counts their children's kernels)."""
+    from torch.autograd import DeviceType
+
+    per_name: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type != DeviceType.CPU and e.name not in ranges:  # ranges' GPU mirrors are not kernels
+            entry = per_name.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.device_time_total
+    kernels = sorted(({"kernel": k, "calls": c, "total_us": t} for k, (c, t) in per_name.items()),
+                     key=lambda r: -r["total_us"])
+    split = {}
+    for name in ranges:
+        hits = [e for e in prof.events() if e.name == name and e.device_type == DeviceType.CPU]
+        split[name] = {"total_us": sum(e.device_time_total for e in hits), "kernels": sum(map(_kernel_count, hits))}
+    return {"total_kernel_us": sum(r["total_us"] for r in kernels), "kernels": sum(r["calls"] for r in kernels),
+            "ranges": split, "all_kernels": kernels}
+
+
 @torch.no_grad()
-def profile_step(target, prompt) -> list[dict]:
-    """Top CUDA kernels of one eager ar step at batch 1 (where the time inside the graph goes)."""
+def profile_steps(target, drafter, prompt) -> dict:
+    """Every CUDA kernel of one eager ar step and one eager oracle step (draft + verify + commit) at
+    batch 1: where the time inside the graph goes, and which small kernels are left to fuse."""
     from torch.profiler import ProfilerActivity, profile
 
     from ocria.runtime.decode import decode_step
 
-    cfg = target.text_config
+    cfg, dc = target.text_config, drafter.config
     L = prompt.input_ids.numel()
-    cache = TargetCache.allocate(cfg, 1, L + 64, 16, torch.bfloat16, "cuda")
-    first = int(prefill(target, None, cache, None, 0, prompt).argmax(-1))
+    dtype = next(target.parameters()).dtype
     slot = torch.zeros(1, dtype=torch.long, device="cuda")
-    params = SamplingTensors(torch.zeros(1, device="cuda"), torch.ones(1, device="cuda"),
-                             torch.zeros(1, dtype=torch.long, device="cuda"), torch.zeros(1, dtype=torch.long,
-                                                                                           device="cuda"))
-    last = torch.tensor([first], device="cuda")
-    for _ in range(3):
-        decode_step(target, None, cache, None, slot, last, params, L + 16, True)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        decode_step(target, None, cache, None, slot, last, params, L + 16, True)
+    zero = torch.zeros(1, device="cuda")
+    params = SamplingTensors(zero, torch.ones(1, device="cuda"), zero.long(), zero.long())
+    table = torch.zeros(1, L + 256, dtype=torch.long, device="cuda")  # the wanted tokens do not change the kernels
+    out = {}
+    for mode in ("ar", "oracle"):
+        spec = mode != "ar"
+        tcache = TargetCache.allocate(cfg, 1, L + 256, dc.block_size, dtype, "cuda")
+        dcache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, 1, L + 256, dtype,
+                                       "cuda") if spec else None
+        use = DrafterRanges(ForcedDrafter(drafter, table, None)) if spec else None
+        last = prefill(target, drafter if spec else None, tcache, dcache, 0, prompt).argmax(-1)
+        for _ in range(3):
+            decode_step(target, use, tcache, dcache, slot, last, params, L + 64, True)
         torch.cuda.synchronize()
-    rows = []
-    for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:20]:
-        rows.append({"kernel": e.key[:90], "calls": e.count, "total_us": e.device_time_total})
-    total = sum(e.device_time_total for e in prof.key_averages())
-    calls = sum(e.count for e in prof.key_averages())
-    print(f"eager ar step: {calls} kernels, {total / 1e3:.3f} ms of kernel time", flush=True)
-    for r in rows:
-        print(f"  {r['total_us']:9.1f} us  {r['calls']:4d}x  {r['kernel']}", flush=True)
-    return [{"total_kernel_us": total, "kernels": calls}, *rows]
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            decode_step(target, use, tcache, dcache, slot, last, params, L + 64, True)
+            torch.cuda.synchronize()
+        ranges = tuple(f"drafter.{m}" for m in DrafterRanges.METHODS) if spec else ()
+        table_ = kernel_table(prof, ranges)
+        r = {"total_kernel_us": table_["total_kernel_us"], "kernels": table_["kernels"]}
+        if spec:
+            drafter_us = sum(x["total_us"] for x in table_["ranges"].values())
+            drafter_n = sum(x["kernels"] for x in table_["ranges"].values())
+            r.update(drafter_us=drafter_us, drafter_kernels=drafter_n, target_verify_commit_us=r["total_kernel_us"] -
+                     drafter_us, target_verify_commit_kernels=r["kernels"] - drafter_n, ranges=table_["ranges"])
+        r.update(top=table_["all_kernels"][:20], all_kernels=table_["all_kernels"])
+        out[mode] = r
+        print(f"eager {mode} step (B=1): {r['kernels']} kernels, {r['total_kernel_us'] / 1e3:.3f} ms of kernel time"
+              + (f"; drafter {r['drafter_kernels']} kernels {r['drafter_us'] / 1e3:.3f} ms, target verify + commit "
+                 f"{r['target_verify_commit_kernels']} kernels {r['target_verify_commit_us'] / 1e3:.3f} ms"
+                 if spec else ""), flush=True)
+        for k in r["top"]:
+            print(f"  {k['total_us']:9.1f} us  {k['calls']:4d}x  {k['kernel'][:90]}", flush=True)
+        del tcache, dcache
+    return out
 
 
 def hf_baseline(target, prompt_ids, batch, new_tokens):
@@ -330,7 +474,8 @@ def main() -> int:
     ap.add_argument("--modes", nargs="+", default=["ar", "oracle", "tau=8", "spec"])
     ap.add_argument("--tokens", type=int, default=48, help="tokens generated per row and mode")
     ap.add_argument("--fp32-check", type=int, default=8, help="rows of the exact fp32 spec == ar check (0: off)")
-    ap.add_argument("--profile", action="store_true", help="print the top kernels of one eager ar step")
+    ap.add_argument("--profile", action="store_true",
+                    help="list every kernel of one eager ar and one eager oracle step at batch 1")
     ap.add_argument("--hf", type=int, nargs="*", default=[1, 8], help="HF generate baseline batch sizes")
     ap.add_argument("--plugins", choices=("on", "off"), default="on", help="ReplaySSM Triton kernels or reference")
     ap.add_argument("--no-fuse", action="store_true", help="keep projections as separate GEMMs")
@@ -359,7 +504,8 @@ def main() -> int:
                "fused_projections": not args.no_fuse,
                "prompt_tokens": prompt.input_ids.numel(),
                "copy_bandwidth_GBps": bw / 1e9, "target_params": sum(p.numel() for p in target.text.parameters()),
-               "drafter_params": sum(p.numel() for p in drafter.parameters()), "runs": [], "lossless": []}
+               "drafter_params": sum(p.numel() for p in drafter.parameters()), "runs": [], "lossless": [],
+               "table_checks": []}
     try:
         results["git"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -368,16 +514,20 @@ def main() -> int:
     if args.fp32_check:
         all_ok &= fp32_check(preset, prompt, args, results)
     if args.profile:
-        results["profile_ar_b1"] = profile_step(target, prompt)
+        prof = profile_steps(target, drafter, prompt)
+        results["profile_ar_b1"], results["profile_oracle_b1"] = prof["ar"], prof["oracle"]
     noise = path_noise(target, prompt, [1 + i for i in range(16)], drafter.config.block_size)
     results["bf16_path_noise"] = noise
     print(f"bf16 logit noise between ar and verify paths: {noise:.4f}", flush=True)
     for rows in args.batch:
         table = torch.zeros(rows + 1, prompt.input_ids.numel() + args.tokens * 2 + 64, dtype=torch.long,
                             device="cuda")
-        ar_tokens = None
+        ar_tokens, source = None, "empty"
         for mode in args.modes:
-            row, tokens = run_mode(target, drafter, prompt, rows, mode, table, args)
+            row, tokens = run_mode(target, drafter, prompt, rows, mode, table, args, source)
+            if "table_source" in row:
+                source = row["table_source"]
+                all_ok &= record_table_check(results, table, prompt.input_ids.numel(), tokens, row, "bf16")
             nbytes = step_bytes(target, drafter, rows, row["kv_len_end"], mode != "ar")
             nominal = {"ar": 1.0, "oracle": float(drafter.config.block_size)}.get(
                 mode, float(mode[4:]) if mode.startswith("tau=") else None)
@@ -386,7 +536,7 @@ def main() -> int:
             floor_ms = nbytes / bw * 1e3
             row.update(step_bytes=nbytes, floor_ms=floor_ms, roofline_fraction=floor_ms / row["step_ms"])
             if mode == "ar":
-                ar_tokens = tokens
+                ar_tokens, source = tokens, "ar"
             elif ar_tokens is not None:
                 ok, report = check_lossless(target, prompt, ar_tokens, tokens, 2 * noise)
                 all_ok &= ok
@@ -397,7 +547,8 @@ def main() -> int:
             torch.cuda.empty_cache()
             print(f"B={rows:3d} {mode:7s} step {row['step_ms']:7.3f} ms  host {row['host_ms_per_step']:6.3f} ms  "
                   f"tau {row['mean_acceptance_length']:5.2f}  {row['tokens_per_s']:9.1f} tok/s  "
-                  f"roofline {row['roofline_fraction']:.2f}  launches {row['launches']}", flush=True)
+                  f"roofline {row['roofline_fraction']:.2f}  launches {row['launches']}"
+                  + (f"  table {source} ({row['oracle_passes']} passes)" if "table_source" in row else ""), flush=True)
     results["hf_baseline"] = []
     text_ids = prompt.input_ids[prompt.input_ids != proc.image_token_id][:512]
     for b in args.hf if args.recipe == "bf16" else []:  # HF runs the unquantized checkpoint only
@@ -443,15 +594,17 @@ def plot(results, path):
 
 def print_table(results):
     print(f"\n{'batch':>5} {'mode':>7} {'step ms':>8} {'host ms':>8} {'tau':>5} {'tok/s':>9} {'nominal':>9} "
-          f"{'roofline':>8} launches")
+          f"{'roofline':>8} {'launches':>8} table")
     for r in results["runs"]:
         print(f"{r['batch']:5d} {r['mode']:>7} {r['step_ms']:8.3f} {r['host_ms_per_step']:8.3f} "
               f"{r['mean_acceptance_length']:5.2f} {r['tokens_per_s']:9.1f} {r.get('tokens_per_s_nominal', 0):9.1f} "
               f"{r['roofline_fraction']:8.2f} "
-              f"{r['launches']['launches_per_step'] if r['launches'] else '-'}")
+              f"{r['launches']['launches_per_step'] if r['launches'] else '-':>8} "
+              f"{r.get('table_source', '')} {r.get('oracle_passes', '')}")
     for h in results["hf_baseline"]:
         print("HF generate", h)
-    print("lossless:", "ok" if results["lossless_ok"] else "VIOLATED")
+    print("lossless:", "ok" if results["lossless_ok"] else "VIOLATED", "| forced tokens == table:",
+          all(c["ok"] for c in results["table_checks"]))
 
 
 if __name__ == "__main__":

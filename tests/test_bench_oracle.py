@@ -1,0 +1,100 @@
+"""bench/e2e.py's forced-acceptance machinery on a toy verify path (CPU, no model).
+
+The toy target's greedy token depends on where its position sits in the verify block at near-ties,
+like bf16 logits of the ar (T=1) and verify (T=16) paths: an oracle table taken from the ar path is
+rejected after the first flip, the fixed point of the verify path is accepted block after block.
+"""
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+_spec = importlib.util.spec_from_file_location("bench_e2e", Path(__file__).parents[1] / "bench" / "e2e.py")
+e2e = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(e2e)
+
+V, BLOCK, START, TOKENS = 97, 16, 5, 40
+
+
+def greedy(seq: list[int], block_start: int) -> int:
+    """Next token after ``seq``; every fifth position is a tie that the block alignment breaks."""
+    h = (31 * sum(seq[-3:]) + 7 * len(seq)) % V
+    return (h + block_start % 2) % V if len(seq) % 5 == 2 else h
+
+
+def decode(drafter, rows: int, steps_cap: int = 64) -> tuple[list[list[int]], dict]:
+    """Forced-mode generation like ``run_mode``'s: verify [last, drafts], accept the agreeing prefix."""
+    prompt = [3, 1, 4, 1, 5][:START]
+    first = greedy(prompt, START - 1)
+    cache = SimpleNamespace(ctx_len=torch.full((rows,), START, dtype=torch.int32))
+    seqs = [[*prompt, first] for _ in range(rows)]
+    steps, accepted = 0, 0
+    while min(len(s) - START for s in seqs) <= TOKENS and steps < steps_cap:
+        for r, seq in enumerate(seqs):
+            c = int(cache.ctx_len[r])
+            drafts = drafter.propose(torch.zeros(1, BLOCK - 1, V), cache, torch.tensor([r]))[0].tolist()
+            inputs = seq[: c + 1] + drafts
+            ys = [greedy(inputs[: c + 1 + j], c) for j in range(BLOCK)]
+            acc = next((j for j in range(BLOCK - 1) if drafts[j] != ys[j]), BLOCK - 1)
+            seq += ys[: acc + 1]
+            cache.ctx_len[r] += acc + 1
+            accepted += acc
+        steps += 1
+    tokens = [s[START:] for s in seqs]
+    return tokens, {"tau": (accepted + rows * steps) / (rows * steps)}
+
+
+def ar_table(rows: int) -> torch.Tensor:
+    """The ar path's greedy continuation (every block of length one) as the seed table."""
+    table = torch.zeros(rows + 1, START + 2 * TOKENS + 64, dtype=torch.long)
+    seq = [3, 1, 4, 1, 5][:START]
+    for _ in range(TOKENS + BLOCK + 1):
+        seq.append(greedy(seq, len(seq) - 1))
+    table[:rows, : len(seq)] = torch.tensor(seq)
+    return table
+
+
+def test_ar_table_breaks_and_fixed_point_is_fully_accepted():
+    rows = 2
+    table = ar_table(rows)
+    drafter = e2e.ForcedDrafter(SimpleNamespace(config=SimpleNamespace(block_size=BLOCK)), table, None)
+    tokens, stats = decode(drafter, rows)
+    assert stats["tau"] < BLOCK / 2  # the ar table flips at a tie and every later draft is rejected
+    ok, report = e2e.check_table(table, START, tokens)
+    assert not ok and report[0]["first_divergence"] is not None
+
+    passes, converged, last = e2e.oracle_fixed_point(lambda p: decode(drafter, rows), table, START,
+                                                     TOKENS + BLOCK + 1)
+    assert converged and 1 < passes <= TOKENS + BLOCK + 1
+    assert last["tau"] == BLOCK
+    tokens, stats = decode(drafter, rows)  # the timed run reads the same table
+    assert stats["tau"] == BLOCK
+    assert e2e.check_table(table, START, tokens)[0]
+
+
+def test_tau_mode_is_deterministic_has_its_mean_and_reaches_a_fixed_point():
+    rows, tau = 3, 8.0
+    table = ar_table(rows)
+    real = SimpleNamespace(config=SimpleNamespace(block_size=BLOCK))
+    drafter = e2e.ForcedDrafter(real, table, tau)
+    k = (drafter.draws < (tau - 1) / (BLOCK - 1)).sum(-1).float()
+    assert abs(float(k.mean()) + 1 - tau) < 0.2  # Binomial(15, 7/15) per (slot, position): mean tau - 1
+
+    passes, converged, last = e2e.oracle_fixed_point(lambda p: decode(drafter, rows), table, START,
+                                                     TOKENS + BLOCK + 1)
+    assert converged
+    tokens, stats = decode(drafter, rows)
+    again, stats2 = decode(e2e.ForcedDrafter(real, table, tau), rows)  # same seed: same schedule
+    assert tokens == again and stats == stats2 == last
+    assert e2e.check_table(table, START, tokens)[0]
+    assert 1 < stats["tau"] < BLOCK
+
+
+def test_check_table_reports_the_first_wrong_position():
+    table = torch.arange(40)[None].repeat(2, 1)
+    ok, report = e2e.check_table(table, 10, [list(range(10, 20)), [10, 11, 99, 13]])
+    assert not ok
+    assert [r["first_divergence"] for r in report] == [None, 2]
+    assert [r["compared"] for r in report] == [10, 4]
