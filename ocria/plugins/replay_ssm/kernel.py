@@ -21,6 +21,7 @@ writes what another one reads; the shared k/g/beta entries are written by the ti
 """
 
 import math
+from functools import lru_cache
 
 import torch
 import triton
@@ -73,32 +74,10 @@ def _tril_inverse(kk, gc, beta, n_rows, TP: tl.constexpr):
 
 
 @triton.jit
-def _replay_verify_kernel(
-    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
-    state_ptr, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
-    o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
-    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
-):  # fmt: skip
-    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    hk = i_h // (HV // HK)
-    slot = tl.load(slot_ptr + i_b).to(tl.int64)
-    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
-    n = tl.load(pending_ptr + slot)
-
-    rt = tl.arange(0, TP)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < DK, rv < DV
-    ms = mv[:, None] & mk[None, :]
-    NC: tl.constexpr = BK // BKC
-
-    # Transposed checkpoint state slice St [BV, BK], read once.
-    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
-    St = tl.load(s_ptrs, mask=ms, other=0.0)
-
-    # Fold the n pending tokens (ring half `phase`) and write the state once.
-    tok = (slot * 2 + phase) * Tmax + rt
+def _fold_chunk(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok, n, i_h, hk, rt, rk, rv, mk, mv,
+                HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BKC: tl.constexpr,
+                NC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """St [BV, BK] with the n pending tokens at ring rows ``tok`` applied as one WY chunk."""
     mp = rt < n
     gp = tl.load(ring_g_ptr + tok * HV + i_h, mask=mp, other=0.0)
     bp = tl.load(ring_beta_ptr + tok * HV + i_h, mask=mp, other=0.0)
@@ -110,50 +89,127 @@ def _replay_verify_kernel(
     X = tl.dot(St, tl.trans(Kp), input_precision=PREC)
     UpT = tl.dot(bp[None, :] * (VpT - tl.exp(gcp)[None, :] * X), tl.trans(inv_p), input_precision=PREC)
     g_tot = tl.sum(gp, 0)
-    St = St * tl.exp(g_tot) + tl.dot(UpT, Kp * tl.exp(g_tot - gcp)[:, None], input_precision=PREC)
-    tl.store(s_ptrs, St, mask=ms)
+    return St * tl.exp(g_tot) + tl.dot(UpT, Kp * tl.exp(g_tot - gcp)[:, None], input_precision=PREC)
 
-    # The T new tokens: L2-norm, gates, then outputs from the folded state.
-    mt = rt < T
-    row = (i_b * T + rt).to(tl.int64)
-    mtk = mt[:, None] & mk[None, :]
-    k_rows = k_ptr + row * sk + hk * DK
-    q_rows = q_ptr + row * sq + hk * DK
-    Kn = tl.load(k_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-    rn_k = tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)
-    Kn = Kn * rn_k[:, None]
-    Q = tl.load(q_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-    rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
-    Q = Q * rn_q[:, None]
-    a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
+
+@triton.jit
+def _fold_one(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok0, n, i_h, hk, rk, rv,
+              HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):  # fmt: skip
+    """St with at most one pending token (ring row ``tok0``) applied as a rank-1 delta step.
+
+    n = 0 loads g = beta = 0, so St comes back unchanged bit for bit (exp(0) = 1, u = 0).
+    """
+    live = tl.minimum(n, 1)  # masks as index bounds: the interpreter cannot AND a block with a scalar bool
+    g = tl.load(ring_g_ptr + tok0 * HV + i_h, mask=live > 0, other=0.0)
+    beta = tl.load(ring_beta_ptr + tok0 * HV + i_h, mask=live > 0, other=0.0)
+    kp = tl.load(ring_k_ptr + (tok0 * HK + hk) * DK + rk, mask=rk < live * DK, other=0.0)
+    vp = tl.load(ring_v_ptr + (tok0 * HV + i_h) * DV + rv, mask=rv < live * DV, other=0.0)
+    St = St * tl.exp(g)
+    u = beta * (vp - tl.sum(St * kp[None, :], 1))
+    return St + u[:, None] * kp[None, :]
+
+
+@triton.jit
+def _replay_verify_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+    state_ptr, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
+    o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
+    ONE_TOKEN: tl.constexpr,
+):  # fmt: skip
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = i_h // (HV // HK)
+    rt = tl.arange(0, TP)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < DK, rv < DV
+    ms = mv[:, None] & mk[None, :]
+    NC: tl.constexpr = BK // BKC
     A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
-    g = tl.where(mt, -tl.exp(A_log) * _softplus(a + dt_bias), 0.0)
-    beta = tl.where(mt, tl.sigmoid(b), 0.0)
-    gc = tl.cumsum(g, 0)
-    kk = _gram(k_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_k[:, None] * rn_k[None, :]
-    inv = _tril_inverse(kk, gc, beta, T, TP)
-    causal = rt[:, None] >= rt[None, :]
-    qk = _gram(q_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_q[:, None] * rn_k[None, :]
-    P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
-    VT = tl.load(v_ptr + row[None, :] * sv + i_h * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
-    VT = VT.to(tl.float32)
-    X = tl.dot(St, tl.trans(Kn), input_precision=PREC)
-    UT = tl.dot(beta[None, :] * (VT - tl.exp(gc)[None, :] * X), tl.trans(inv), input_precision=PREC)
-    Y = tl.dot(St, tl.trans(Q), input_precision=PREC)
-    OT = tl.exp(gc)[None, :] * Y + tl.dot(UT, tl.trans(P), input_precision=PREC)
-    o_ptrs = o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None]
-    tl.store(o_ptrs, OT.to(o_ptr.dtype.element_ty), mask=mv[:, None] & mt[None, :])
+    if ONE_TOKEN:  # the new token's inputs do not depend on the slot: their loads go out first
+        row1 = i_b.to(tl.int64)
+        k1 = tl.load(k_ptr + row1 * sk + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
+        q1 = tl.load(q_ptr + row1 * sq + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
+        v1 = tl.load(v_ptr + row1 * sv + i_h * DV + rv, mask=mv, other=0.0).to(tl.float32)
+        a1 = tl.load(a_ptr + row1 * sa + i_h).to(tl.float32)
+        b1 = tl.load(b_ptr + row1 * sb + i_h).to(tl.float32)
 
-    # Park the new tokens in ring half 1 - phase; shared k/g/beta entries have a single writer.
-    park = (slot * 2 + 1 - phase) * Tmax + rt
-    tl.store(ring_v_ptr + (park[None, :] * HV + i_h) * DV + rv[:, None], VT, mask=mv[:, None] & mt[None, :])
-    if i_v == 0:
-        tl.store(ring_g_ptr + park * HV + i_h, g, mask=mt)
-        tl.store(ring_beta_ptr + park * HV + i_h, beta, mask=mt)
-        if i_h % (HV // HK) == 0:
-            tl.store(ring_k_ptr + (park[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
+    n = tl.load(pending_ptr + slot)
+
+    # Transposed checkpoint state slice St [BV, BK], read once; the n pending tokens (ring half
+    # `phase`) folded in, as a WY chunk or, for one token (plain decoding), a rank-1 step; written once
+    # (not at all when nothing is pending: it is unchanged).
+    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
+    St = tl.load(s_ptrs, mask=ms, other=0.0)
+    tok = (slot * 2 + phase) * Tmax
+    if n > 1:
+        St = _fold_chunk(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok + rt, n, i_h, hk, rt, rk, rv,
+                         mk, mv, HK, HV, DK, DV, BKC, NC, TP, PREC)  # fmt: skip
+    else:
+        St = _fold_one(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
+    tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
+
+    park = (slot * 2 + 1 - phase) * Tmax
+    if ONE_TOKEN:
+        # One new token: the delta step as two row reductions of the folded state, no Gram or inverse.
+        Kn = k1 * tl.rsqrt(tl.sum(k1 * k1, 0) + eps)
+        Q = q1 * (tl.rsqrt(tl.sum(q1 * q1, 0) + eps) * scale)
+        g = -tl.exp(A_log) * _softplus(a1 + dt_bias)
+        beta = tl.sigmoid(b1)
+        decay = tl.exp(g)
+        u = beta * (v1 - decay * tl.sum(St * Kn[None, :], 1))
+        o = decay * tl.sum(St * Q[None, :], 1) + u * tl.sum(Kn * Q, 0)
+        tl.store(o_ptr + (i_b * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
+        tl.store(ring_v_ptr + (park * HV + i_h) * DV + rv, v1, mask=mv)
+        if i_v == 0:
+            tl.store(ring_g_ptr + park * HV + i_h, g)
+            tl.store(ring_beta_ptr + park * HV + i_h, beta)
+            if i_h % (HV // HK) == 0:
+                tl.store(ring_k_ptr + (park * HK + hk) * DK + rk, Kn, mask=mk)
+    else:
+        # The T new tokens: L2-norm, gates, then outputs from the folded state.
+        mt = rt < T
+        row = (i_b * T + rt).to(tl.int64)
+        mtk = mt[:, None] & mk[None, :]
+        k_rows = k_ptr + row * sk + hk * DK
+        q_rows = q_ptr + row * sq + hk * DK
+        Kn = tl.load(k_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+        rn_k = tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)
+        Kn = Kn * rn_k[:, None]
+        Q = tl.load(q_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+        rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
+        Q = Q * rn_q[:, None]
+        a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
+        g = tl.where(mt, -tl.exp(A_log) * _softplus(a + dt_bias), 0.0)
+        beta = tl.where(mt, tl.sigmoid(b), 0.0)
+        gc = tl.cumsum(g, 0)
+        kk = _gram(k_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_k[:, None] * rn_k[None, :]
+        inv = _tril_inverse(kk, gc, beta, T, TP)
+        causal = rt[:, None] >= rt[None, :]
+        qk = _gram(q_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_q[:, None] * rn_k[None, :]
+        P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+        VT = tl.load(v_ptr + row[None, :] * sv + i_h * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
+        VT = VT.to(tl.float32)
+        X = tl.dot(St, tl.trans(Kn), input_precision=PREC)
+        UT = tl.dot(beta[None, :] * (VT - tl.exp(gc)[None, :] * X), tl.trans(inv), input_precision=PREC)
+        Y = tl.dot(St, tl.trans(Q), input_precision=PREC)
+        OT = tl.exp(gc)[None, :] * Y + tl.dot(UT, tl.trans(P), input_precision=PREC)
+        o_ptrs = o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None]
+        tl.store(o_ptrs, OT.to(o_ptr.dtype.element_ty), mask=mv[:, None] & mt[None, :])
+
+        # Park the new tokens in ring half 1 - phase; shared k/g/beta entries have a single writer.
+        park_t = park + rt
+        tl.store(ring_v_ptr + (park_t[None, :] * HV + i_h) * DV + rv[:, None], VT, mask=mv[:, None] & mt[None, :])
+        if i_v == 0:
+            tl.store(ring_g_ptr + park_t * HV + i_h, g, mask=mt)
+            tl.store(ring_beta_ptr + park_t * HV + i_h, beta, mask=mt)
+            if i_h % (HV // HK) == 0:
+                tl.store(ring_k_ptr + (park_t[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
 
 
 @triton.jit
@@ -222,13 +278,41 @@ def _check_launch(inputs: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> No
         raise OcriaError("replay_ssm kernel on CPU needs TRITON_INTERPRET=1 set before the kernel is imported")
 
 
+# The interpreter has no SMs: CPU runs take the H200's count, so they launch the tiles an H200 would.
+H200_SM_COUNT = 132
+BLOCK_V_CHOICES = (64, 32, 16)
+
+
+@lru_cache(maxsize=16)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_SM_COUNT
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) -> tuple[int, int]:
+    """(block_v, num_warps) of a verify launch: the widest column tile whose grid still gives every SM
+    two programs, 16 columns when none does.
+
+    A program runs its state load, fold, Gram/inverse and store one after another, so a small grid
+    (64 programs for batch 1 at Qwen3.5 heads with 64 columns) leaves SMs idle and exposes that chain;
+    narrower tiles spread the same state over more programs. Wide tiles stay where the grid is large:
+    they feed wgmma and repeat the per-head T x T work over fewer tiles.
+    """
+    for bv in BLOCK_V_CHOICES[:-1]:
+        if triton.cdiv(head_v_dim, bv) * num_v_heads * batch >= 2 * sm_count:
+            return bv, 4
+    return BLOCK_V_CHOICES[-1], 4
+
+
 def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
-    block_v: int = 64, num_warps: int = 4, precision: str | None = None,
+    block_v: int | None = None, num_warps: int | None = None, precision: str | None = None,
 ) -> Tensor:  # fmt: skip
-    """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32."""
+    """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32.
+    ``block_v`` / ``num_warps`` default to ``launch_config`` for this batch and device."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[-2:]
     Tmax = ring_k.shape[2]
@@ -242,6 +326,8 @@ def replay_verify_kernel(
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0:
         return o
+    auto_bv, auto_warps = launch_config(B, Hv, Dv, _sm_count(v.device))
+    block_v, num_warps = block_v or auto_bv, num_warps or auto_warps
     BV = max(16, min(block_v, triton.next_power_of_2(Dv)))
     if 64 <= BV < 16 * num_warps:
         # The state tile is too short for its warpgroups, so the T-wide products are split into n=8
@@ -254,7 +340,7 @@ def replay_verify_kernel(
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len,
         slot_ids, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
-        PREC=precision or DOT_PRECISION[v.dtype],
+        PREC=precision or DOT_PRECISION[v.dtype], ONE_TOKEN=T == 1,
         num_warps=num_warps,
     )  # fmt: skip
     return o
