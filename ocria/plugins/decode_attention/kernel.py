@@ -1,9 +1,20 @@
-"""Triton kernel: one program per (batch row, KV head) runs all its query heads and new tokens
-(``T * H / Hkv`` query rows) over the row's cache slot with an online softmax (flash-attention
-style), so the KV prefix is read once per KV head, in place, with no gather, head repeat or mask
-tensor. The query-row tile and the key loop are the same for every T up to 16, so a token decoded
-alone (``ar``) and inside a verify block runs the same arithmetic.
+"""Triton kernels, split-KV ("flash-decoding") form. Phase one runs one program per (batch row, KV
+head, context chunk): all the head's query heads and new tokens (``T * H / Hkv`` query rows) over
+the chunk's keys with an online softmax, reading the slot's KV in place (no gather, head repeat or
+mask tensor). With one chunk it writes the output directly; with several it writes each chunk's
+(max, sum, unnormalised output) and a combine kernel merges them by the log-sum-exp rule.
+
+Why split: at batch 1 the model has 2 KV heads, so one program per (row, head) is 2 programs on a
+132-SM GPU walking the whole context serially. The chunk count is chosen on the host from the
+attention length and ``B * Hkv`` (one wave of programs), and is 1 (no combine launch) once
+``B * Hkv`` fills the GPU by itself.
+
+Chunks start at multiples of the chunk length and the key loop at multiples of BN, and the
+query-row tile is the same for every T up to 16, so for a given chunk count a token decoded alone
+(``ar``) and inside a verify block runs the same arithmetic.
 """
+
+from functools import lru_cache
 
 import torch
 import triton
@@ -14,22 +25,31 @@ from ocria.errors import OcriaError
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
 
 MAX_T = 16  # decode and verify blocks; longer (prefill) chunks take the reference
+BN = 32  # keys per loop step
+MIN_CHUNK = 64  # keys per chunk at least: below that a program is mostly prologue and partial writes
+MAX_SPLITS = 64  # the combine kernel holds [splits, D] partials of one query row in registers
+# Token counts, lengths and chunking are runtime values: one compiled kernel per head shape, not per
+# attention-length bucket or T.
+RUNTIME_INTS = ["T", "attn_len", "chunk", "n_split"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_INTS)
 def _decode_attention_kernel(
-    q_ptr, k_ptr, v_ptr, slot_ptr, start_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, slot_ptr, start_ptr, o_ptr, m_ptr, l_ptr,  # o_ptr: the output, or the chunks' acc
     sq_b, sq_h, sq_t, sk_s, sk_h, sk_l, sv_s, sv_h, sv_l,
-    T, H, attn_len, scale,
+    T, H, attn_len, scale, chunk, n_split,
     REP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    CAUSAL: tl.constexpr, PREC: tl.constexpr, AS_BITS: tl.constexpr,
+    CAUSAL: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, AS_BITS: tl.constexpr,
 ):  # fmt: skip
-    b, hk = tl.program_id(0), tl.program_id(1)
+    b, hk, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     start = tl.load(start_ptr + b).to(tl.int32)
+    kv_end = tl.minimum(attn_len, start + T)
+    lo = sp * chunk
+    hi = tl.minimum(kv_end, lo + chunk)
     rows = tl.arange(0, BM)
     t, head = rows // REP, hk * REP + rows % REP
-    mrow = t < T
+    mrow = (t < T) & (lo + t * 0 < hi)  # a chunk past the row's context loads and writes nothing
     d = tl.arange(0, BD)
     md = d < D
     q = tl.load(q_ptr + b * sq_b + head[:, None] * sq_h + t[:, None] * sq_t + d[None, :],
@@ -39,33 +59,67 @@ def _decode_attention_kernel(
         limit = start + t
     else:
         limit = start + T - 1 + t * 0
-    kv_end = tl.minimum(attn_len, start + T)
     k_base = k_ptr + slot * sk_s + hk * sk_h
     v_base = v_ptr + slot * sv_s + hk * sv_h
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
-    for n0 in range(0, kv_end, BN):
+    for n0 in range(lo, hi, BN):
         j = n0 + tl.arange(0, BN)
-        mj = j < kv_end
+        mj = j < hi
         k = tl.load(k_base + j[:, None].to(tl.int64) * sk_l + d[None, :], mask=mj[:, None] & md[None, :], other=0)
         k = widen(k, True) if AS_BITS else k
         s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=PREC) * scale
         s = tl.where((j[None, :] <= limit[:, None]) & mj[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        # A chunk may hold no key a query row sees (causal rows before the chunk): keep exp() finite.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + j[:, None].to(tl.int64) * sv_l + d[None, :], mask=mj[:, None] & md[None, :], other=0)
         v = widen(v, True) if AS_BITS else v
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=PREC)
         m_i = m_new
-    out = acc / l_i[:, None]
-    o_ptrs = o_ptr + ((b * T + t[:, None]).to(tl.int64) * H + head[:, None]) * D + d[None, :]
-    if AS_BITS:
-        tl.store(o_ptrs, bf16_bits(out), mask=mrow[:, None] & md[None, :])
+    row = (b * T + t).to(tl.int64) * H + head  # [B, T, H] order, the output's
+    if SPLIT:
+        part = row * n_split + sp
+        tl.store(m_ptr + part, m_i, mask=mrow)
+        tl.store(l_ptr + part, l_i, mask=mrow)
+        tl.store(o_ptr + part[:, None] * D + d[None, :], acc, mask=mrow[:, None] & md[None, :])
     else:
-        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mrow[:, None] & md[None, :])
+        out = acc / l_i[:, None]
+        o_ptrs = o_ptr + row[:, None] * D + d[None, :]
+        if AS_BITS:
+            tl.store(o_ptrs, bf16_bits(out), mask=mrow[:, None] & md[None, :])
+        else:
+            tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mrow[:, None] & md[None, :])
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTS)
+def _combine_kernel(
+    m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, H, attn_len, chunk, n_split,
+    D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr, AS_BITS: tl.constexpr,
+):  # fmt: skip
+    """One program per (row, new token) x query head: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s."""
+    bt, head = tl.program_id(0), tl.program_id(1)
+    start = tl.load(start_ptr + bt // T).to(tl.int32)
+    used = tl.cdiv(tl.minimum(attn_len, start + T), chunk)  # chunks phase one wrote for this row
+    s = tl.arange(0, BS)
+    ms = s < used
+    part = (bt.to(tl.int64) * H + head) * n_split + s
+    m = tl.load(m_ptr + part, mask=ms, other=float("-inf"))
+    w = tl.exp(m - tl.max(m, 0))  # chunk 0 holds key 0, which every query sees: the max is finite
+    l_sum = tl.sum(tl.load(l_ptr + part, mask=ms, other=0) * w, 0)
+    d = tl.arange(0, BD)
+    md = d < D
+    acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ms[:, None] & md[None, :], other=0)
+    out = tl.sum(acc * w[:, None], 0) / l_sum
+    o_ptrs = o_ptr + (bt.to(tl.int64) * H + head) * D + d
+    if AS_BITS:
+        tl.store(o_ptrs, bf16_bits(out), mask=md)
+    else:
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=md)
 
 
 def supports(q: Tensor, k_cache: Tensor) -> bool:
@@ -75,28 +129,76 @@ def supports(q: Tensor, k_cache: Tensor) -> bool:
             and k_cache.stride(-1) == 1)
 
 
+@lru_cache(maxsize=16)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Programs of this tile the device runs at once: one per SM on a GPU; 1 in the interpreter,
+    which runs programs one after another."""
+    if device.type != "cuda":
+        return 1
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def split_count(programs: int, attn_len: int, sms: int) -> int:
+    """Chunks per (row, KV head): as many as keep ``programs`` x chunks within one wave of ``sms``, none
+    shorter than MIN_CHUNK keys; 1 (no combine launch) once the programs alone fill half the GPU."""
+    return max(1, min(sms // programs, attn_len // MIN_CHUNK, MAX_SPLITS))
+
+
+def chunking(attn_len: int, num_splits: int) -> tuple[int, int]:
+    """(keys per chunk, chunks) for about ``num_splits`` chunks: chunks start on BN multiples and none
+    lies wholly past ``attn_len``."""
+    chunk = triton.cdiv(triton.cdiv(attn_len, max(1, num_splits)), BN) * BN
+    return chunk, triton.cdiv(attn_len, chunk)
+
+
 def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor,
-                            attn_len: int, scale: float, causal_block: bool = True) -> Tensor:
-    """``decode_attention_reference`` in one launch; returns [B, H, T, D] (a view of a [B, T, H, D] tensor,
-    the layout the output projection reads)."""
+                            attn_len: int, scale: float, causal_block: bool = True,
+                            num_splits: int | None = None) -> Tensor:
+    """``decode_attention_reference`` in one launch, or two (chunks + combine) when the context is split
+    in ``num_splits`` chunks (None: ``split_count`` for this device); returns [B, H, T, D] (a view of a
+    [B, T, H, D] tensor, the layout the output projection reads)."""
     B, H, T, D = q.shape
     if not supports(q, k_cache) or v_cache.shape != k_cache.shape or v_cache.stride(-1) != 1:
         raise OcriaError(f"decode_attention kernel: q {tuple(q.shape)}, cache {tuple(k_cache.shape)}: needs "
                          f"T <= {MAX_T}, heads divisible by KV heads, equal K/V caches, contiguous feature dims")
-    rep = H // k_cache.shape[1]
+    Hkv = k_cache.shape[1]
+    rep = H // Hkv
+    attn_len = min(attn_len, k_cache.shape[2])
+    if attn_len < 1:
+        raise OcriaError(f"decode_attention kernel: attn_len {attn_len}: the queries need at least one key")
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     if B == 0 or T == 0:
         return out.transpose(1, 2)
+    if num_splits is None:
+        num_splits = split_count(B * Hkv, attn_len, sm_count(q.device))
+    chunk, n_split = chunking(attn_len, num_splits)
     BM = max(16, triton.next_power_of_2(MAX_T * rep))
+    BD = max(16, triton.next_power_of_2(D))
     # The interpreter has no bf16 arithmetic: there bf16 travels as int16 bits and is computed in fp32.
     as_bits = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     q_, k_, v_, out_ = (bf16_as_int16(t) if as_bits else t for t in (q, k_cache, v_cache, out))
-    _decode_attention_kernel[(B, k_cache.shape[1])](
-        q_, k_, v_, slots.contiguous(), start.contiguous(), out_,
+    slots, start = slots.contiguous(), start.contiguous()
+    if n_split > 1:
+        m = torch.empty(B * T * H * n_split, dtype=torch.float32, device=q.device)
+        lsum, acc = torch.empty_like(m), torch.empty(B * T * H * n_split, D, dtype=torch.float32, device=q.device)
+    else:
+        m = lsum = acc = out_  # not read: the one-chunk kernel writes the output itself
+    _decode_attention_kernel[(B, Hkv, n_split)](
+        q_, k_, v_, slots, start, acc, m, lsum,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        T, H, min(attn_len, k_cache.shape[2]), scale,
-        REP=rep, D=D, BD=max(16, triton.next_power_of_2(D)), BM=BM, BN=32, CAUSAL=causal_block,
+        T, H, attn_len, scale, chunk, n_split,
+        REP=rep, D=D, BD=BD, BM=BM, BN=BN, CAUSAL=causal_block, SPLIT=n_split > 1,
         PREC="ieee" if q.dtype == torch.float32 or as_bits else "tf32", AS_BITS=as_bits,
         num_warps=8 if BM * D >= 64 * 128 else 4,
     )  # fmt: skip
+    if n_split > 1:
+        BS = max(2, triton.next_power_of_2(n_split))
+        _combine_kernel[(B * T, H)](
+            m, lsum, acc, start, out_, T, H, attn_len, chunk, n_split,
+            D=D, BD=BD, BS=BS, AS_BITS=as_bits, num_warps=8 if BS * BD >= 8192 else 4,
+        )  # fmt: skip
     return out.transpose(1, 2)
