@@ -66,51 +66,50 @@ def test_long_chunks_take_the_reference_and_bad_shapes_are_refused():
         decode_attention_triton(q, k, v, slots, start, 0, 0.2)
 
 
-def _ragged(H, Hkv, T, D=32, L=272, dtype=torch.float32, seed=0):
-    """Five rows over a 272-key cache: a zero prefix, contexts shorter than one chunk, one ending on a
-    chunk boundary, and a full one; slots shuffled among seven."""
-    q, k, v, slots, _ = _case(B=5, H=H, Hkv=Hkv, T=T, D=D, S=7, L=L, dtype=dtype, seed=seed)
-    start = torch.tensor([0, 9, 64 - T, 150, L - T], dtype=torch.int32)
+def _ragged(H, Hkv, T, D=32, L=200, dtype=torch.float32, seed=0):
+    """Four rows over a 200-key cache: a zero prefix, a context shorter than one chunk, one ending on a
+    64-key boundary, and a full one; slots shuffled among six."""
+    q, k, v, slots, _ = _case(B=4, H=H, Hkv=Hkv, T=T, D=D, S=6, L=L, dtype=dtype, seed=seed)
+    start = torch.tensor([0, 9, 128 - T, L - T], dtype=torch.int32)
     return q, k, v, slots, start
 
 
 @pytest.mark.parametrize("H,Hkv,T,causal,splits,dtype", [
-    (4, 4, 1, True, 5, "fp32"), (4, 4, 1, True, 5, "bf16"), (4, 2, 16, True, 3, "fp32"), (3, 1, 16, True, 5, "fp32"),
-    (3, 1, 16, True, 5, "bf16"), (4, 1, 16, False, 5, "fp32"), (4, 1, 1, True, 9, "fp32"),
-    (4, 1, 16, False, 2, "bf16")])
+    (4, 4, 1, True, 5, "fp32"), (4, 4, 1, True, 5, "bf16"), (4, 2, 16, True, 3, "fp32"), (3, 1, 16, True, 5, "bf16"),
+    (4, 1, 16, False, 5, "fp32"), (4, 1, 1, True, 9, "fp32"), (2, 1, 16, False, 2, "bf16")])
 def test_split_kv_matches_reference(H, Hkv, T, causal, splits, dtype):
     dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
     q, k, v, slots, start = _ragged(H, Hkv, T, dtype=dtype, seed=H * T + splits)
-    got = decode_attention_triton(q, k, v, slots, start, 272, 32**-0.5, causal, num_splits=splits)
-    want = decode_attention_reference(q, k, v, slots, start, 272, 32**-0.5, causal)
+    got = decode_attention_triton(q, k, v, slots, start, 200, 32**-0.5, causal, num_splits=splits)
+    want = decode_attention_reference(q, k, v, slots, start, 200, 32**-0.5, causal)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
 def test_one_chunk_and_split_agree_and_a_token_is_the_same_alone_or_in_a_block_when_split():
-    q, k, v, slots, start = _ragged(4, 2, 16, D=48, seed=7)
-    one = decode_attention_triton(q, k, v, slots, start, 272, 0.2, num_splits=1)
-    block = decode_attention_triton(q, k, v, slots, start, 272, 0.2, num_splits=4)
+    q, k, v, slots, start = _ragged(2, 1, 16, D=48, seed=7)
+    one = decode_attention_triton(q, k, v, slots, start, 200, 0.2, num_splits=1)
+    block = decode_attention_triton(q, k, v, slots, start, 200, 0.2, num_splits=4)
     torch.testing.assert_close(block, one, rtol=1e-5, atol=1e-5)
     for t in (0, 15):
-        alone = decode_attention_triton(q[:, :, t:t + 1], k, v, slots, start + t, 272, 0.2, num_splits=4)
+        alone = decode_attention_triton(q[:, :, t:t + 1], k, v, slots, start + t, 200, 0.2, num_splits=4)
         torch.testing.assert_close(alone[:, :, 0], block[:, :, t], rtol=1e-6, atol=1e-6)
 
 
 def test_split_count_fills_one_wave_and_keeps_one_chunk_for_big_batches():
     assert split_count(2, 4096, 132) == 64  # B=1, 2 KV heads: capped at MAX_SPLITS
-    assert split_count(2, 300, 132) == 4  # short context: no chunk under 64 keys
+    assert split_count(2, 300, 132) == 10  # short context: no chunk under 32 keys
     assert split_count(16, 4096, 132) == 8  # B=8
     assert split_count(64, 4096, 132) == 2  # B=32
-    assert split_count(128, 4096, 132) == split_count(2, 100, 132) == split_count(512, 4096, 132) == 1
+    assert split_count(128, 4096, 132) == split_count(2, 20, 132) == split_count(512, 4096, 132) == 1
 
 
 def test_the_op_splits_on_a_wide_gpu(monkeypatch):
     """With an H200's 132 SMs a batch-1 call takes the split path through the registered op."""
     monkeypatch.setitem(op_module.decode_attention_triton.__globals__, "sm_count", lambda device: 132)
-    q, k, v, slots, _ = _case(B=1, H=8, Hkv=2, T=3, L=220, seed=8)
-    start = torch.tensor([200], dtype=torch.int32)
-    assert split_count(2, 210, 132) == 3
-    got = decode_attention(q, k, v, slots, start, 210, 0.2, use_kernel=True)
-    torch.testing.assert_close(got, decode_attention_reference(q, k, v, slots, start, 210, 0.2), rtol=1e-5, atol=1e-5)
-    torch.library.opcheck(torch.ops.ocria.decode_attention.default, (q, k, v, slots, start, 210, 0.2, True))
+    q, k, v, slots, _ = _case(B=1, H=8, Hkv=2, T=2, L=140, seed=8)
+    start = torch.tensor([120], dtype=torch.int32)
+    assert split_count(2, 130, 132) == 5
+    got = decode_attention(q, k, v, slots, start, 130, 0.2, use_kernel=True)
+    torch.testing.assert_close(got, decode_attention_reference(q, k, v, slots, start, 130, 0.2), rtol=1e-5, atol=1e-5)
+    torch.library.opcheck(torch.ops.ocria.decode_attention.default, (q, k, v, slots, start, 130, 0.2, True))

@@ -10,8 +10,9 @@ attention length and ``B * Hkv`` (one wave of programs), and is 1 (no combine la
 ``B * Hkv`` fills the GPU by itself.
 
 Chunks start at multiples of the chunk length and the key loop at multiples of BN, and the
-query-row tile is the same for every T up to 16, so for a given chunk count a token decoded alone
-(``ar``) and inside a verify block runs the same arithmetic.
+query-row tile is the same for every T up to 16, so for a given chunk count (a function of
+``attn_len`` and ``B * Hkv``, never of T) a token decoded alone (``ar``) and inside a verify block
+runs the same arithmetic.
 """
 
 from functools import lru_cache
@@ -26,7 +27,7 @@ from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
 
 MAX_T = 16  # decode and verify blocks; longer (prefill) chunks take the reference
 BN = 32  # keys per loop step
-MIN_CHUNK = 64  # keys per chunk at least: below that a program is mostly prologue and partial writes
+MIN_CHUNK = BN  # keys per chunk at least: one loop step (at small batch a program's time is its loop's latency)
 MAX_SPLITS = 64  # the combine kernel holds [splits, D] partials of one query row in registers
 # Token counts, lengths and chunking are runtime values: one compiled kernel per head shape, not per
 # attention-length bucket or T.
@@ -145,7 +146,7 @@ def sm_count(device: torch.device) -> int:
 def split_count(programs: int, attn_len: int, sms: int) -> int:
     """Chunks per (row, KV head): as many as keep ``programs`` x chunks within one wave of ``sms``, none
     shorter than MIN_CHUNK keys; 1 (no combine launch) once the programs alone fill half the GPU."""
-    return max(1, min(sms // programs, attn_len // MIN_CHUNK, MAX_SPLITS))
+    return max(1, min(sms // programs, triton.cdiv(attn_len, MIN_CHUNK), MAX_SPLITS))
 
 
 def chunking(attn_len: int, num_splits: int) -> tuple[int, int]:
