@@ -183,9 +183,10 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     as_bits = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     q_, k_, v_, out_ = (bf16_as_int16(t) if as_bits else t for t in (q, k_cache, v_cache, out))
     slots, start = slots.contiguous(), start.contiguous()
-    if n_split > 1:
-        m = torch.empty(B * T * H * n_split, dtype=torch.float32, device=q.device)
-        lsum, acc = torch.empty_like(m), torch.empty(B * T * H * n_split, D, dtype=torch.float32, device=q.device)
+    if n_split > 1:  # one workspace: each chunk's acc [D], max and sum per query row
+        parts = B * T * H * n_split
+        ws = torch.empty(parts * (D + 2), dtype=torch.float32, device=q.device)
+        acc, m, lsum = ws.split([parts * D, parts, parts])
     else:
         m = lsum = acc = out_  # not read: the one-chunk kernel writes the output itself
     _decode_attention_kernel[(B, Hkv, n_split)](
