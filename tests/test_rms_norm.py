@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ocria.errors import OcriaError
-from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
-from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
+from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm
+from ocria.plugins.rms_norm.reference import add_rms_norm_reference, gated_rms_norm_reference, rms_norm_reference
 
 if "ocria.plugins.rms_norm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.rms_norm.kernel"])
@@ -84,11 +84,13 @@ def test_model_norms_take_the_plugin_switch():
     pos = torch.arange(9).expand(3, 2, 9)
     with torch.no_grad():
         target.text.set_plugins(False)
-        want = target.text(target.text.embed_tokens(ids), pos)[0]
+        want, want_captured = target.text(target.text.embed_tokens(ids), pos, capture=(1, 5))
         target.text.set_plugins(True)
         assert all(m.use_kernel for m in norms)
-        got = target.text(target.text.embed_tokens(ids), pos)[0]
+        got, got_captured = target.text(target.text.embed_tokens(ids), pos, capture=(1, 5))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for g, w in zip(got_captured, want_captured):  # layer outputs: the residual adds the norms fused
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
 def test_one_kernel_can_be_set_aside_by_name(monkeypatch):
@@ -101,3 +103,19 @@ def test_one_kernel_can_be_set_aside_by_name(monkeypatch):
     monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "rms_nrom")
     with pytest.raises(OcriaError, match="unknown kernel 'rms_nrom'"):
         kernel_enabled(cuda, None, "rms_norm")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rms_norm_writes_the_sum_and_its_norm(dtype):
+    """The residual add fused into the norm: the sum is PyTorch's add bit for bit, the norm within 1 ulp."""
+    x = (torch.randn(5, 3, 96) * 3).to(dtype)
+    r = torch.randn(5, 3, 96).to(dtype)
+    w = (torch.randn(96) * 0.1).to(dtype)
+    got_sum, got = add_rms_norm(x, r, w, 1e-6, 1.0, use_kernel=True)
+    want_sum, want = add_rms_norm_reference(x, r, w, 1e-6, 1.0)
+    assert torch.equal(got_sum, x + r) and torch.equal(want_sum, x + r)
+    assert _ulps_apart(got, want) <= (1 if dtype == torch.bfloat16 else 8)
+    torch.library.opcheck(torch.ops.ocria.add_rms_norm.default, (x.float(), r.float(), w.float(), 1e-6, 1.0))
+    with pytest.raises(OcriaError, match="residual"):
+        add_rms_norm(x, r[..., :64], w, 1e-6, 1.0, use_kernel=True)
+

@@ -155,7 +155,8 @@ def _first_gdn_at_answer(model, batch, pixel_values):
     assert layer.layer_type == "linear_attention"
     x = model.embed(batch.input_ids, pixel_values, batch.image_grid_thw)
     cos, sin = model.text.rotary(batch.positions, x.dtype)
-    return layer(x, cos, sin, "full", None, None, None)[0, int(batch.prompt_len[0]) - 1]
+    out, delta = layer(x, None, cos, sin, "full", None, None, None)
+    return (out + delta)[0, int(batch.prompt_len[0]) - 1]
 
 
 def test_fresh_target_gdn_layers_carry_the_image_to_the_answer(tiny_preset, batch):

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
+from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm
 from ocria.plugins.silu_quant import silu_mul_quant
 
 
@@ -22,6 +22,12 @@ class ZeroCenteredRMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps, 1.0, use_kernel=self.use_kernel)
+
+    def add(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(x + residual, norm(x + residual))``, one launch with the kernel (residual None: ``(x, norm(x))``)."""
+        if residual is None:
+            return x, self(x)
+        return add_rms_norm(x, residual, self.weight, self.eps, 1.0, use_kernel=self.use_kernel)
 
 
 class RMSNorm(nn.Module):

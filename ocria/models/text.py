@@ -22,15 +22,17 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mode: str, cache: TargetCache | None,
-                slots: Tensor | None, attn_len: int | None) -> Tensor:
-        h = self.input_layernorm(x)
+    def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, mode: str,
+                cache: TargetCache | None, slots: Tensor | None, attn_len: int | None) -> tuple[Tensor, Tensor]:
+        """The layer's input is ``x + delta`` (delta None: x); returns its output as ``(x', delta')``, the
+        MLP's residual add left to the next norm, which fuses it (one launch per add + norm)."""
+        x, h = self.input_layernorm.add(x, delta)
         if self.layer_type == LINEAR:
             h = self.linear_attn(h, mode, cache, slots)
         else:
             h = self.self_attn(h, cos, sin, cache, slots, attn_len)
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(h, x)
+        return x, self.mlp(h)
 
 
 class TextModel(nn.Module):
@@ -79,9 +81,9 @@ class TextModel(nn.Module):
         if mode not in ("full", "prefill", "verify"):
             raise ValueError(f"unknown forward mode {mode!r}")
         cos, sin = self.rotary(positions, embeds.dtype)
-        x, captured = embeds, {}
+        x, delta, captured = embeds, None, {}
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mode, cache, slots, attn_len)
+            x, delta = layer(x, delta, cos, sin, mode, cache, slots, attn_len)
             if i in capture:
-                captured[i] = x
-        return self.norm(x), [captured[i] for i in capture]
+                captured[i] = x + delta
+        return self.norm.add(delta, x)[1], [captured[i] for i in capture]

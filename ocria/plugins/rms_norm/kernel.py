@@ -1,4 +1,5 @@
-"""Triton kernels: one launch per RMSNorm (rows of x in, normalised rows out), fp32 inside.
+"""Triton kernels: one launch per RMSNorm (rows of x in, normalised rows out), fp32 inside; with a
+residual, the launch also adds it first and writes the sum (the decoder's residual stream).
 
 bf16 tensors travel as int16 bits and are rounded to nearest even on the bits, so the CPU
 interpreter (whose bf16 casts truncate) computes what the GPU computes. ``exp`` in the gate is
@@ -19,8 +20,8 @@ MAX_WIDTH = 16384
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, z_ptr, w_ptr, y_ptr, M, N, stride_x, stride_z, eps, offset,
-    GATED: tl.constexpr, X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr,
+    x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, M, N, stride_x, stride_z, stride_r, eps, offset,
+    GATED: tl.constexpr, RESIDUAL: tl.constexpr, X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr,
     PROD_BF16: tl.constexpr, ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -28,6 +29,14 @@ def _rms_norm_kernel(
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     rows64 = rows.to(tl.int64)
     x = widen(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0), X_BF16)
+    if RESIDUAL:  # s = x + r rounded to x's dtype, as PyTorch's add; the norm reads s
+        r = widen(tl.load(r_ptr + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0), X_BF16)
+        x = round_to_dtype(x + r, X_BF16, ON_GPU, DT)
+        s_ptrs = s_ptr + rows64[:, None] * N + cols[None, :]
+        if X_BF16:
+            tl.store(s_ptrs, bf16_bits(x), mask=mask)
+        else:
+            tl.store(s_ptrs, x.to(DT), mask=mask)
     w = widen(tl.load(w_ptr + cols, mask=cols < N, other=0), W_BF16)
     rstd = 1.0 / tl.sqrt_rn(tl.sum(x * x, 1) / N + eps)
     normed = x * rstd[:, None]
@@ -57,17 +66,24 @@ def _rows(t: Tensor) -> tuple[Tensor, int]:
     return t2, t2.stride(0)
 
 
-def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, z: Tensor | None = None) -> Tensor:
-    """``rms_norm_reference`` (z None) or ``gated_rms_norm_reference`` (z given) in one launch."""
+def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, z: Tensor | None = None,
+                    residual: Tensor | None = None, out_sum: Tensor | None = None) -> Tensor:
+    """``rms_norm_reference`` (z None) or ``gated_rms_norm_reference`` (z given) in one launch. With
+    ``residual`` (not with z): ``out_sum = x + residual`` is written and the norm is of that sum."""
     N = x.shape[-1]
-    if N > MAX_WIDTH or weight.shape != (N,) or (z is not None and z.shape != x.shape):
+    if N > MAX_WIDTH or weight.shape != (N,) or any(t is not None and t.shape != x.shape for t in (z, residual)):
         raise OcriaError(f"rms_norm kernel: x {tuple(x.shape)}, weight {tuple(weight.shape)}"
-                         f"{'' if z is None else f', z {tuple(z.shape)}'}: widths must agree and be <= {MAX_WIDTH}")
-    if x.dtype not in (torch.bfloat16, torch.float32):
-        raise OcriaError(f"rms_norm kernel: x must be bf16 or fp32, got {x.dtype}")
+                         f"{'' if z is None else f', z {tuple(z.shape)}'}"
+                         f"{'' if residual is None else f', residual {tuple(residual.shape)}'}"
+                         f": widths must agree and be <= {MAX_WIDTH}")
+    if x.dtype not in (torch.bfloat16, torch.float32) or (residual is not None and residual.dtype != x.dtype):
+        raise OcriaError(f"rms_norm kernel: x (and residual) must be bf16 or fp32 of one dtype, got {x.dtype}"
+                         f"{'' if residual is None else f' and {residual.dtype}'}")
     x2, sx = _rows(x)
     z2, sz = _rows(z) if z is not None else (x2, sx)
+    r2, sr = _rows(residual) if residual is not None else (x2, sx)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    s = out_sum if out_sum is not None else y
     M = x2.shape[0]
     if M == 0:
         return y
@@ -75,8 +91,9 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
     rows = max(1, min(16, 4096 // BN))
     prod = torch.promote_types(weight.dtype, x.dtype)
     _rms_norm_kernel[(triton.cdiv(M, rows),)](
-        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y)), M, N, sx, sz, eps, offset,
-        GATED=z is not None, X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
+        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s)), M, N, sx, sz, sr, eps, offset,
+        GATED=z is not None, RESIDUAL=residual is not None, X_BF16=x.dtype == torch.bfloat16,
+        W_BF16=weight.dtype == torch.bfloat16,
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
         DT=tl.float32, ROWS=rows, BN=BN,
     )  # fmt: skip

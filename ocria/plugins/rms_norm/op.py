@@ -1,18 +1,24 @@
-"""``torch.library`` operators ``ocria::rms_norm`` / ``ocria::gated_rms_norm`` and the functions the
-model's norm layers call. ``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the
+"""``torch.library`` operators ``ocria::rms_norm``, ``ocria::add_rms_norm``, ``ocria::gated_rms_norm`` and
+the functions the model's norm layers call. ``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the
 reference elsewhere). The kernel has no backward: under autograd (training) the reference runs."""
 
 import torch
 from torch import Tensor
 
 from ocria.plugins.rms_norm.kernel import rms_norm_triton
-from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
+from ocria.plugins.rms_norm.reference import add_rms_norm_reference, gated_rms_norm_reference, rms_norm_reference
 from ocria.plugins.switch import kernel_enabled
 
 
 @torch.library.custom_op("ocria::rms_norm", mutates_args=())
 def _rms_norm_op(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
     return rms_norm_triton(x, weight, eps, offset)
+
+
+@torch.library.custom_op("ocria::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    out_sum = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return out_sum, rms_norm_triton(x, weight, eps, offset, residual=residual, out_sum=out_sum)
 
 
 @torch.library.custom_op("ocria::gated_rms_norm", mutates_args=())
@@ -23,6 +29,12 @@ def _gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tens
 @_rms_norm_op.register_fake
 def _(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_add_rms_norm_op.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
 
 
 @_gated_rms_norm_op.register_fake
@@ -41,6 +53,15 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, use_ker
     if _use_kernel(x, (weight,), use_kernel):
         return torch.ops.ocria.rms_norm(x, weight, eps, offset)
     return rms_norm_reference(x, weight, eps, offset)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float = 0.0,
+                 use_kernel: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``(x + residual, rms_norm(x + residual))`` in one launch: the decoder's residual add fused into the
+    next norm; see ``reference.add_rms_norm_reference``."""
+    if _use_kernel(x, (residual, weight), use_kernel):
+        return torch.ops.ocria.add_rms_norm(x, residual, weight, eps, offset)
+    return add_rms_norm_reference(x, residual, weight, eps, offset)
 
 
 def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel: bool | None = None) -> Tensor:

@@ -13,6 +13,13 @@ def rms_norm_reference(x: Tensor, weight: Tensor, eps: float, offset: float) -> 
     return F.rms_norm(x.float(), (x.shape[-1],), offset + weight.float(), eps).to(x.dtype)
 
 
+def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float
+                           ) -> tuple[Tensor, Tensor]:
+    """The decoder's residual add followed by its norm: ``(x + residual, rms_norm(x + residual))``."""
+    s = x + residual
+    return s, rms_norm_reference(s, weight, eps, offset)
+
+
 def gated_rms_norm_reference(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
     """GDN output norm ``w * norm(x) * silu(z)``, rounded where the model rounds: the norm to x's dtype,
     its product with w to their common dtype, the gated result to x's dtype."""
