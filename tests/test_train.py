@@ -1,6 +1,7 @@
 """ocria.train on CPU: chunked GDN vs the sequential rule, training steps, exact resume, drafter
 distillation (against the inference drafting path), export that loads unchanged, the CLI end to end."""
 
+import dataclasses
 import json
 import math
 
@@ -14,13 +15,13 @@ from ocria.models.gdn import gated_delta_rule
 from ocria.plugins.replay_ssm.reference import delta_step, l2norm
 from ocria.train import checkpoint as ckpt
 from ocria.train.__main__ import main as train_main
-from ocria.train.data import IGNORE, loader
+from ocria.train.data import IGNORE, image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
 from ocria.train.export import export_model, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at
 from ocria.train.run import Run, TrainConfig
-from ocria.train.target import DT_RANGE, build_target, init_gdn_memory, target_loss
+from ocria.train.target import DT_RANGE, build_target, image_reliance, init_gdn_memory, target_loss
 from ocria.train.vision_batched import batched_vision, batched_vision_forward
 
 
@@ -173,6 +174,41 @@ def test_fresh_target_gdn_layers_carry_the_image_to_the_answer(tiny_preset, batc
                 m.dt_bias.fill_(1.0)
         forgot = _first_gdn_at_answer(model, batch, batch.pixel_values)
         assert _rel(_first_gdn_at_answer(model, batch, -batch.pixel_values), forgot) < 1e-6
+
+
+def test_white_paper_is_the_zero_input(tiny_preset):
+    """Pages are mostly blank. Normalised around white (image_mean 1), a blank patch is exactly zero, so
+    the patch embedding sees only the ink; around grey (mean 0.5) every blank patch fed the same large
+    input, and training run 4 grew that common response (norm ~340) over the ink's (~20) until the
+    merger's LayerNorm made all image tokens alike: an image-blind model."""
+    import io
+
+    from PIL import Image
+
+    from ocria.runtime.processor import Processor
+
+    png = io.BytesIO()
+    Image.new("RGB", (64, 32), "white").save(png, format="PNG")
+    assert torch.count_nonzero(Processor(load_preset(tiny_preset).assets).prepare(png.getvalue()).pixel_values) == 0
+
+
+def test_image_reliance_is_zero_for_an_image_blind_model(tiny_preset):
+    """Same-size pages, so swapping images changes nothing but the pixels: a model whose vision output
+    is zero measures exactly 0; the fresh model (which sees the image) does not."""
+    from ocria.data import generate, split_seeds
+    from ocria.runtime.processor import Processor
+
+    preset = load_preset(tiny_preset)
+    docs = [generate(seed, "line") for seed in split_seeds("heldout", 3)]
+    docs = [dataclasses.replace(d, image=d.image.resize((256, 48))) for d in docs]
+    own, swapped = image_swap_pair(Processor(preset.assets), docs)
+    assert torch.equal(own.input_ids, swapped.input_ids) and not torch.equal(own.pixel_values, swapped.pixel_values)
+    model = build_target(preset.target, 0)
+    assert abs(image_reliance(model, own, swapped)) > 1e-4 and model.training
+    with torch.no_grad():
+        model.model.visual.merger.linear_fc2.weight.zero_()
+        model.model.visual.merger.linear_fc2.bias.zero_()
+    assert image_reliance(model, own, swapped) == 0.0
 
 
 def test_gdn_memory_init_is_seeded_and_in_range(tiny_preset):

@@ -6,6 +6,7 @@ and a resumed run sees the same documents in the same order. Rendering + preproc
 ms per document, so ``loader`` spreads it over DataLoader worker processes.
 """
 
+import dataclasses
 import io
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -76,6 +77,14 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
         prompt_len=torch.tensor([s.prompt_len for s in samples]),
         seq_len=torch.tensor([s.input_ids.numel() for s in samples]),
     )
+
+
+def image_swap_pair(processor: Processor, docs: list[Document], pad_id: int = 0) -> tuple[Batch, Batch]:
+    """The same answers twice: with their own page images, and each with the next document's image.
+    The loss difference between the two says how much the model reads the image (0: not at all)."""
+    swapped = [dataclasses.replace(d, image=docs[(i + 1) % len(docs)].image) for i, d in enumerate(docs)]
+    return (collate([encode(processor, d) for d in docs], pad_id),
+            collate([encode(processor, d) for d in swapped], pad_id))
 
 
 class SplitDocuments(Dataset):

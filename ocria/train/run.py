@@ -27,14 +27,15 @@ from ocria.data import tokenizer as tokenizer_files
 from ocria.errors import OcriaError
 from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
 from ocria.runtime.engine import Engine
+from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
-from ocria.train.data import loader
+from ocria.train.data import image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
 from ocria.train.evaluate import engine_dir, evaluate, heldout_pngs
 from ocria.train.export import export_model, shipped_bytes
 from ocria.train.gdn_chunked import chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at, set_lr
-from ocria.train.target import build_target, target_loss
+from ocria.train.target import build_target, image_reliance, target_loss
 from ocria.train.vision_batched import batched_vision
 
 STAGES = ("check", "target", "drafter", "drafter_noconv", "eval", "done")
@@ -297,9 +298,17 @@ class Run:
     def stage_target(self) -> bool:
         cfg = self.cfg
         model = build_target(self.preset.target, self.preset.seed).to(self.device)
+        docs = [generate(seed, "line") for seed in split_seeds("heldout", 16)]
+        pair = [b.to(self.device) for b in image_swap_pair(Processor(self.preset.assets), docs)]
+        calls, stats = 0, {}
 
-        def loss_fn(batch, _sampler):
-            return target_loss(model, batch), {}
+        def loss_fn(batch, _sampler):  # logs the latest image reliance (held-out lines, every 100 steps)
+            nonlocal calls
+            if calls % 100 == 0:
+                with self.autocast(), chunked_gdn(cfg.gdn_chunk), batched_vision():
+                    stats["image_gap"] = image_reliance(model, *pair)
+            calls += 1
+            return target_loss(model, batch), stats
 
         if not self._loop("target", model, "target_steps", cfg.target_minutes, cfg.target_batch, cfg.target_lr,
                           cfg.target_warmup, loss_fn, line_steps=cfg.line_steps):

@@ -50,3 +50,14 @@ def target_loss(model: OCRiaForConditionalGeneration, batch: Batch) -> Tensor:
     hidden, _ = model.text(embeds, batch.positions)
     keep = batch.labels != IGNORE
     return F.cross_entropy(model.logits(hidden[keep]), batch.labels[keep])
+
+
+@torch.no_grad()
+def image_reliance(model: OCRiaForConditionalGeneration, own: Batch, swapped: Batch) -> float:
+    """Answer loss with another document's image minus with its own (``data.image_swap_pair``), in nats
+    per token: near 0 means the model transcribes from its language prior alone (image-blind)."""
+    was_training = model.training
+    model.eval()
+    gap = (target_loss(model, swapped) - target_loss(model, own)).item()
+    model.train(was_training)
+    return gap
