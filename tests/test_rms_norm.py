@@ -116,6 +116,10 @@ def test_add_rms_norm_writes_the_sum_and_its_norm(dtype):
     assert torch.equal(got_sum, x + r) and torch.equal(want_sum, x + r)
     assert _ulps_apart(got, want) <= (1 if dtype == torch.bfloat16 else 8)
     torch.library.opcheck(torch.ops.ocria.add_rms_norm.default, (x.float(), r.float(), w.float(), 1e-6, 1.0))
+    xb = x.bfloat16()  # under autocast the residual stream is fp32 and the branch bf16: PyTorch's promotion
+    mixed_sum, mixed = add_rms_norm(xb, r.float(), w, 1e-6, 1.0, use_kernel=True)
+    want_mixed = add_rms_norm_reference(xb, r.float(), w, 1e-6, 1.0)[1]
+    assert mixed_sum.dtype == torch.float32 and torch.equal(mixed, want_mixed)
     with pytest.raises(OcriaError, match="residual"):
         add_rms_norm(x, r[..., :64], w, 1e-6, 1.0, use_kernel=True)
 

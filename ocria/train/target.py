@@ -35,10 +35,12 @@ def init_gdn_memory(model: torch.nn.Module, seed: int, dt_range: tuple[float, fl
 
 
 def build_target(target_cfg: dict, seed: int) -> OCRiaForConditionalGeneration:
-    """Seeded random init (the builder's ``random_init``) with long-memory GDN heads, trainable, tied head bound."""
+    """Seeded random init (the builder's ``random_init``) with long-memory GDN heads, trainable, tied head
+    bound, plugin kernels off."""
     model = random_init(OCRiaForConditionalGeneration(OCRiaConfig.from_dict(target_cfg)), seed)
     init_gdn_memory(model, seed)
     model.tie_weights()
+    model.text.set_plugins(False)  # autograd needs the references; no-grad diagnostics then match training
     for p in model.parameters():
         p.requires_grad_(True)
     return model.train()

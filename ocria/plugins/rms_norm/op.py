@@ -59,7 +59,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset
                  use_kernel: bool | None = None) -> tuple[Tensor, Tensor]:
     """``(x + residual, rms_norm(x + residual))`` in one launch: the decoder's residual add fused into the
     next norm; see ``reference.add_rms_norm_reference``."""
-    if _use_kernel(x, (residual, weight), use_kernel):
+    if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), use_kernel):  # mixed: autocast's promotion
         return torch.ops.ocria.add_rms_norm(x, residual, weight, eps, offset)
     return add_rms_norm_reference(x, residual, weight, eps, offset)
 
