@@ -22,7 +22,7 @@ from ocria.plugins.replay_ssm.ops import causal_conv_verify, kernel_enabled, rep
 
 if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
-from ocria.plugins.replay_ssm.kernel import replay_verify_kernel, token_rows  # noqa: E402
+from ocria.plugins.replay_ssm.kernel import launch_config, replay_verify_kernel, token_rows  # noqa: E402
 
 
 def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
@@ -39,8 +39,13 @@ def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
     return S, torch.einsum("hkv,hk->hv", S, q)
 
 
-def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5):
-    """Drive the plugin through `steps` verify/accept rounds; yield (name, got, expected) pairs."""
+def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=None, ts=None, block_v=None,
+         pending_seen=None):  # fmt: skip
+    """Drive the plugin through `steps` verify/accept rounds; yield (name, got, expected) pairs.
+
+    shape (Hk, Hv, Dk, Dv, Tmax) and ts (T of each step) fix what is otherwise drawn at random;
+    block_v launches the Triton kernel with that column tile; pending_seen collects (T, pending count)
+    of every sequence at every step."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=1.0):
@@ -53,6 +58,8 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5):
     Hv = Hk * 2 ** int(randint(0, 3))  # GQA: 1, 2 or 4 value heads per key head
     Dk, Dv = (int(x) for x in torch.tensor([16, 24, 32])[randint(0, 3, (2,))])
     Tmax, KW, n_seq = int(randint(4, 17)), 4, 3
+    if shape is not None:
+        Hk, Hv, Dk, Dv, Tmax = shape
     S_slots = n_seq + 2
     C = 2 * Hk * Dk + Hv * Dv
     slot_of = torch.randperm(S_slots, generator=gen)[:n_seq]  # sequence i lives in slot slot_of[i]
@@ -74,8 +81,8 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5):
     true_state = list(init_state)
     conv_hist = [list(w.T) for w in init_window]  # accepted conv inputs, oldest first
 
-    for _ in range(steps):
-        T = int(randint(1, Tmax + 1))
+    for step in range(steps):
+        T = int(randint(1, Tmax + 1)) if ts is None else ts[step]
         members = torch.randperm(n_seq, generator=gen)[: int(randint(1, n_seq + 1))]  # batch joins/leaves
         B = len(members)
         slot_ids = slot_of[members]
@@ -84,10 +91,14 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5):
         a, b = rand(B, T, Hv).to(dtype), rand(B, T, Hv).to(dtype)
 
         y = causal_conv_verify(x, conv_w.float(), conv_buf, pending_len, slot_ids, use_kernel=use_kernel)
-        o = replay_verify(
-            q, k, v, a, b, A_log.float(), dt_bias.float(), state, ring_k, ring_v, ring_g, ring_beta,
-            ring_phase, pending_len, slot_ids, use_kernel=use_kernel,
-        )  # fmt: skip
+        verify_args = (q, k, v, a, b, A_log.float(), dt_bias.float(), state, ring_k, ring_v, ring_g, ring_beta,
+                       ring_phase, pending_len, slot_ids)  # fmt: skip
+        if pending_seen is not None:
+            pending_seen.extend((T, int(n)) for n in pending_len[slot_ids])
+        if block_v is None:
+            o = replay_verify(*verify_args, use_kernel=use_kernel)
+        else:
+            o = replay_verify_kernel(*verify_args, block_v=block_v)
 
         accepted = randint(0, T + 1, (B,))
         for row, i in enumerate(members.tolist()):
@@ -124,6 +135,48 @@ def test_replay_matches_float64_recurrence(use_kernel, dtype, seed):
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
         n_checked += 1
     assert n_checked > 20
+
+
+@pytest.mark.parametrize("block_v", [16, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_narrow_column_tiles_match_float64_recurrence(block_v, dtype):
+    """The 16- and 32-column tiles launch_config picks for small batches, over several tiles per head
+    (Dv = 64), GQA (2 value heads per key head) and a step schedule that reaches every path of the
+    kernel: T = 1 and T > 1, each with 0, 1 and several pending tokens."""
+    out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    seen = []
+    ts = [1, 6, 1, 5, 1, 1, 4]
+    for name, got, want in _run(True, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts, block_v=block_v,
+                                pending_seen=seen):  # fmt: skip
+        tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
+    for one_token in (True, False):
+        counts = {min(n, 2) for T, n in seen if (T == 1) == one_token}
+        assert counts == {0, 1, 2}, f"T{'=' if one_token else '>'}1 steps saw pending counts {counts}"
+
+
+def test_launch_config_fills_the_gpu_at_small_batch():
+    """Qwen3.5 heads (32 value heads of 128) on 132 SMs: narrow tiles until the grid has two programs
+    per SM, the 64-column tile once it has."""
+    picks = {B: launch_config(B, 32, 128, 132) for B in (1, 2, 4, 8, 32, 64)}
+    assert picks == {1: (16, 4), 2: (16, 4), 4: (32, 4), 8: (64, 4), 32: (64, 4), 64: (64, 4)}
+    for B, (bv, _) in picks.items():
+        programs = (128 // bv) * 32 * B
+        assert programs >= 2 * 132 or bv == 16
+        assert bv == 64 or (128 // (2 * bv)) * 32 * B < 2 * 132  # the next wider tile would not fill it
+
+
+def test_nothing_pending_leaves_state_bit_identical():
+    """With no pending tokens the fold is a no-op: the checkpoint state is not rewritten, for T = 1
+    (rank-1 path) and T > 1 (chunk path), and the outputs match the reference."""
+    for T in (1, 5):
+        verify, _ = _small_case(T=T)
+        verify = list(verify)
+        verify[13] = torch.zeros_like(verify[13])
+        mine, theirs = [t.clone() for t in verify], [t.clone() for t in verify]
+        torch.testing.assert_close(replay_verify(*mine, use_kernel=True), R.replay_verify_ref(*theirs),
+                                   rtol=1e-4, atol=1e-5)  # fmt: skip
+        assert torch.equal(mine[7], verify[7])
 
 
 def _small_case(T=5, Tmax=8, B=2, S=4, Hk=1, Hv=2, D=16, C=12, KW=4):
