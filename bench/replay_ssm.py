@@ -10,6 +10,9 @@ Rows (batch x T, Qwen3.5-like heads, fp32 state, bf16 inputs, every slot with T 
 Timing: a CUDA graph of R calls over R disjoint slot sets (R x state > L2), median of replays / R.
 
     python3 bench/replay_ssm.py --out bench/results/replay_ssm_h200.json
+Launch A/B only (64x4 for every batch, as before launch_config, vs its pick and the --configs tiles):
+    python3 bench/replay_ssm.py --launch-ab --batches 1 8 32 --ts 1 16 --configs 32x4 16x4 --rotate-mib 256 \
+        --out bench/results/replay_ssm_launch_h200.json
 CPU smoke run of the same code (Triton interpreter, tiny heads, no timing worth reading):
     TRITON_INTERPRET=1 python bench/replay_ssm.py --device cpu --heads 2 4 32 --batches 2 --ts 3 \
         --sweep 2 3 --rotate-mib 0 --out /tmp/r.json
@@ -232,13 +235,13 @@ def bench_row(B, T, heads, dtype, device, bw, config, fla_fn, rotate_bytes, base
 
     ours = [lambda s=s: K.replay_verify_kernel(**inp, **bufs, slot_ids=s, **config) for s in slot_sets]
     row["ours_us"], row["timing"] = _time_us(ours, device)
-    conv = [lambda s=s: K.causal_conv_verify_kernel(x, conv_w, conv_buf, bufs["pending_len"], s) for s in slot_sets]
-    row["conv_us"], _ = _time_us(conv, device)
-    row["conv_floor_us"] = conv_bytes / bw * 1e6
     row["floor_us"] = floor_bytes / bw * 1e6
     row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
     if not baselines:
         return row
+    conv = [lambda s=s: K.causal_conv_verify_kernel(x, conv_w, conv_buf, bufs["pending_len"], s) for s in slot_sets]
+    row["conv_us"], _ = _time_us(conv, device)
+    row["conv_floor_us"] = conv_bytes / bw * 1e6
 
     snap_reps = int(min(256, max(2, math.ceil(rotate_bytes / (B * (T + 1) * state_bytes)))))
     src = torch.randn(snap_reps * B, Hv, D, D, device=device, generator=gen) * 0.1
@@ -263,6 +266,74 @@ def bench_row(B, T, heads, dtype, device, bw, config, fla_fn, rotate_bytes, base
         except Exception as e:  # report, keep the other rows
             row["fla_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     return row
+
+
+def check_launch(B, T, heads, device, configs, Tmax=16):
+    """Each config's outputs, folded state and ring vs replay_verify_ref in float64 on the same bf16
+    inputs, with pending counts drawn over 0..Tmax so the rank-1 and chunk folds both run."""
+    Hk, Hv, D = heads
+    gen = torch.Generator(device=device).manual_seed(11 * B + T)
+    pend = torch.randint(0, Tmax + 1, (B + 2,), generator=torch.Generator().manual_seed(B + T))
+    bufs, _ = make_buffers(B + 2, Hk, Hv, D, D, Tmax, 1, 4, device, gen, pend)
+    inp, _ = make_inputs(B, T, Hk, Hv, D, D, 1, torch.bfloat16, device, gen)
+    slots = torch.randperm(B + 2, device=device, generator=gen)[:B].int()
+    ref = {k: (v.double() if v.is_floating_point() else v.clone()) for k, v in bufs.items()}
+    o_ref = R.replay_verify_ref(**{k: t.double() for k, t in inp.items()}, **ref, slot_ids=slots)
+    out = {}
+    for bv, nw in configs:
+        mine = {k: v.clone() for k, v in bufs.items()}
+        o = K.replay_verify_kernel(**inp, **mine, slot_ids=slots, block_v=bv, num_warps=nw)
+        out[f"{bv}x{nw}"] = dict(
+            output=rel_err(o, o_ref),
+            state=rel_err(mine["state"], ref["state"]),
+            ring=max(rel_err(mine[n], ref[n]) for n in ("ring_k", "ring_v", "ring_g", "ring_beta")),
+        )
+    return out
+
+
+def launch_ab(args, heads, device, bw, rotate, result, save):
+    """Old launch (64 columns x 4 warps for every batch) vs launch_config's pick, and the other tile
+    configs, per batch x T; each checked against float64 first."""
+    Hk, Hv, D = heads
+    sms = K._sm_count(device)
+    result["sm_count"] = sms
+    previous = {}
+    if os.path.exists(args.previous):
+        with open(args.previous) as f:
+            previous = {(r["batch"], r["T"]): r["ours_us"] for r in json.load(f).get("rows", [])}
+    result["previous_file"] = args.previous if previous else None
+    rows = result["rows"] = []
+    for B in args.batches:
+        for T in args.ts:
+            auto = K.launch_config(B, Hv, D, sms)
+            configs = list(dict.fromkeys([(64, 4), auto, *[tuple(map(int, c.split("x"))) for c in args.configs]]))
+            row = dict(batch=B, T=T, pending=T, auto=f"{auto[0]}x{auto[1]}")
+            row["programs_auto"] = triton.cdiv(D, auto[0]) * Hv * B
+            row["check"] = check_launch(B, T, heads, device, configs)
+            for bv, nw in configs:
+                timed = bench_row(B, T, heads, torch.bfloat16, device, bw, dict(block_v=bv, num_warps=nw), None,
+                                  rotate, baselines=False)  # fmt: skip
+                row[f"{bv}x{nw}_us"] = timed["ours_us"]
+                row["floor_us"] = timed["floor_us"]
+            row["old_us"], row["new_us"] = row["64x4_us"], row[f"{auto[0]}x{auto[1]}_us"]
+            row["old_over_new"] = row["old_us"] / row["new_us"]
+            row["new_over_floor"] = row["new_us"] / row["floor_us"]
+            if (B, T) in previous:
+                row["previous_kernel_64x4_us"] = previous[(B, T)]
+            rows.append(row)
+            print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items() if k != "check"})
+            save()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    print(f"copy bandwidth {bw / 1e9:.0f} GB/s, {sms} SMs")
+    print(f"{'B':>3} {'T':>3} {'auto':>5} {'old us':>8} {'new us':>8} {'old/new':>7} {'floor':>7} {'new/fl':>6} "
+          f"{'prev us':>8} {'max err':>8}")  # fmt: skip
+    for r in rows:
+        err = max(e["output"] for e in r["check"].values())
+        prev = f"{r['previous_kernel_64x4_us']:8.1f}" if "previous_kernel_64x4_us" in r else f"{'-':>8}"
+        print(f"{r['batch']:>3} {r['T']:>3} {r['auto']:>5} {r['old_us']:8.1f} {r['new_us']:8.1f} "
+              f"{r['old_over_new']:7.2f} {r['floor_us']:7.1f} {r['new_over_floor']:6.2f} {prev} "
+              f"{err:8.1e}")  # fmt: skip
 
 
 def cross_check(heads, device, fla_fn, config):
@@ -301,6 +372,10 @@ def main() -> None:
     p.add_argument("--rotate-mib", type=int, default=1024, help="distinct memory each timed graph touches")
     p.add_argument("--configs", nargs="+", default=["128x8", "64x4"], help="BVxWARPS tile configs to sweep")
     p.add_argument("--sweep", type=int, nargs="+", default=[32, 8, 16], help="batch and T of the config sweep")
+    p.add_argument("--launch-ab", action="store_true",
+                   help="only replay_verify: 64x4 (the old launch) vs launch_config's pick and --configs, per row")
+    p.add_argument("--previous", default="bench/results/replay_ssm_h200.json",
+                   help="--launch-ab: an earlier result file whose rows are quoted beside the new ones")
     args = p.parse_args()
     device = torch.device(args.device)
     heads = tuple(args.heads)
@@ -313,6 +388,18 @@ def main() -> None:
         torch=torch.__version__, triton=triton.__version__, fla="installed" if fla_fn else "not installed",
         heads=dict(Hk=heads[0], Hv=heads[1], Dk=heads[2], Dv=heads[2]), state_dtype="float32", input_dtype="bfloat16",
     )  # fmt: skip
+
+    def save():  # after every row, so a run cut short still leaves its rows
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(result, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+    if args.launch_ab:
+        bw = copy_bandwidth(device)
+        result["copy_bandwidth_GBps"] = bw / 1e9
+        launch_ab(args, heads, device, bw if device.type == "cuda" else 1e12, rotate, result, save)
+        return
 
     configs = [dict(zip(("block_v", "num_warps"), map(int, c.split("x")), strict=True)) for c in args.configs]
     result["correctness"] = check_correctness(heads, device, configs[0])
@@ -335,12 +422,6 @@ def main() -> None:
     best = min(sweep, key=lambda r: r["us"])
     config = dict(block_v=best["block_v"], num_warps=best["num_warps"])
     result["sweep"], result["config"] = sweep, config
-
-    def save():  # after every row, so a run cut short still leaves its rows
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out + ".tmp", "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(args.out + ".tmp", args.out)
 
     rows = result["rows"] = []
     save()
