@@ -98,3 +98,18 @@ def test_check_table_reports_the_first_wrong_position():
     assert not ok
     assert [r["first_divergence"] for r in report] == [None, 2]
     assert [r["compared"] for r in report] == [10, 4]
+
+
+def test_drafter_ranges_put_step_calls_in_profiler_ranges():
+    from torch.profiler import ProfilerActivity, profile
+
+    inner = SimpleNamespace(config=SimpleNamespace(block_size=BLOCK), propose=lambda x: x + 1, other=lambda: 3)
+    drafter = e2e.DrafterRanges(inner)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = drafter.propose(torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 2.0))
+    assert drafter.config.block_size == BLOCK and drafter.other is inner.other
+    ranged = [e for e in prof.events() if e.name == "drafter.propose"]
+    assert len(ranged) == 1 and any(c.name == "aten::add" for c in ranged[0].cpu_children)
+    table = e2e.kernel_table(prof, ("drafter.propose",))
+    assert table["kernels"] == 0 and table["ranges"]["drafter.propose"] == {"kernels": 0, "total_us": 0}
