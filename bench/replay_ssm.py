@@ -300,7 +300,9 @@ def launch_ab(args, heads, device, bw, rotate, result, save):
     previous = {}
     if os.path.exists(args.previous):
         with open(args.previous) as f:
-            previous = {(r["batch"], r["T"]): r["ours_us"] for r in json.load(f).get("rows", [])}
+            earlier = json.load(f)
+        if earlier.get("heads") == result["heads"] and earlier.get("gpu") == result["gpu"]:
+            previous = {(r["batch"], r["T"]): r["ours_us"] for r in earlier.get("rows", [])}
     result["previous_file"] = args.previous if previous else None
     rows = result["rows"] = []
     for B in args.batches:
@@ -372,10 +374,10 @@ def main() -> None:
     p.add_argument("--rotate-mib", type=int, default=1024, help="distinct memory each timed graph touches")
     p.add_argument("--configs", nargs="+", default=["128x8", "64x4"], help="BVxWARPS tile configs to sweep")
     p.add_argument("--sweep", type=int, nargs="+", default=[32, 8, 16], help="batch and T of the config sweep")
-    p.add_argument("--launch-ab", action="store_true",
-                   help="only replay_verify: 64x4 (the old launch) vs launch_config's pick and --configs, per row")
-    p.add_argument("--previous", default="bench/results/replay_ssm_h200.json",
-                   help="--launch-ab: an earlier result file whose rows are quoted beside the new ones")
+    ab_help = "only replay_verify: 64x4 (the old launch) vs launch_config's pick and --configs, per row"
+    p.add_argument("--launch-ab", action="store_true", help=ab_help)
+    previous_help = "--launch-ab: an earlier result file whose rows are quoted beside the new ones"
+    p.add_argument("--previous", default="bench/results/replay_ssm_h200.json", help=previous_help)
     args = p.parse_args()
     device = torch.device(args.device)
     heads = tuple(args.heads)

@@ -36,6 +36,11 @@ from ocria.errors import OcriaError
 # check in bench/results/replay_ssm_h200.json), under bf16's own rounding, at a third of the registers.
 DOT_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
 KEY_CHUNK = 32
+# At T = 1 the new token's loads can go out before the fold, off the critical path, but its values are
+# then held across the fold: free in registers for 16-column tiles, 170 -> 208 registers (one program
+# fewer per SM) for 32 columns and more spills for 64 (Triton 3.9 + ptxas, sm_90a; a guide for the H200's
+# 3.6). Narrow tiles are the small-batch launch, where latency and not occupancy sets the time.
+PREFETCH_MAX_BLOCK_V = 16
 
 
 @triton.jit
@@ -110,13 +115,26 @@ def _fold_one(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok0, n, i_
 
 
 @triton.jit
+def _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb, rk, rv, mk, mv,
+                    DK: tl.constexpr, DV: tl.constexpr):  # fmt: skip
+    """k, q [BK], this tile's v [BV] and a, b of batch row i_b's single new token, as fp32."""
+    row = i_b.to(tl.int64)
+    k = tl.load(k_ptr + row * sk + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + row * sq + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + row * sv + i_h * DV + rv, mask=mv, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + row * sa + i_h).to(tl.float32)
+    b = tl.load(b_ptr + row * sb + i_h).to(tl.float32)
+    return k, q, v, a, b
+
+
+@triton.jit
 def _replay_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_ptr, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
     o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
-    ONE_TOKEN: tl.constexpr,
+    ONE_TOKEN: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = i_h // (HV // HK)
@@ -128,13 +146,9 @@ def _replay_verify_kernel(
     NC: tl.constexpr = BK // BKC
     A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
-    if ONE_TOKEN:  # the new token's inputs do not depend on the slot: their loads go out first
-        row1 = i_b.to(tl.int64)
-        k1 = tl.load(k_ptr + row1 * sk + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
-        q1 = tl.load(q_ptr + row1 * sq + hk * DK + rk, mask=mk, other=0.0).to(tl.float32)
-        v1 = tl.load(v_ptr + row1 * sv + i_h * DV + rv, mask=mv, other=0.0).to(tl.float32)
-        a1 = tl.load(a_ptr + row1 * sa + i_h).to(tl.float32)
-        b1 = tl.load(b_ptr + row1 * sb + i_h).to(tl.float32)
+    if ONE_TOKEN and PREFETCH:  # the new token's inputs do not depend on the slot: their loads go out first
+        k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
+                                             rk, rv, mk, mv, DK, DV)  # fmt: skip
 
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
     phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
@@ -156,6 +170,9 @@ def _replay_verify_kernel(
     park = (slot * 2 + 1 - phase) * Tmax
     if ONE_TOKEN:
         # One new token: the delta step as two row reductions of the folded state, no Gram or inverse.
+        if not PREFETCH:
+            k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
+                                                 rk, rv, mk, mv, DK, DV)  # fmt: skip
         Kn = k1 * tl.rsqrt(tl.sum(k1 * k1, 0) + eps)
         Q = q1 * (tl.rsqrt(tl.sum(q1 * q1, 0) + eps) * scale)
         g = -tl.exp(A_log) * _softplus(a1 + dt_bias)
@@ -340,7 +357,7 @@ def replay_verify_kernel(
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len,
         slot_ids, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
-        PREC=precision or DOT_PRECISION[v.dtype], ONE_TOKEN=T == 1,
+        PREC=precision or DOT_PRECISION[v.dtype], ONE_TOKEN=T == 1, PREFETCH=BV <= PREFETCH_MAX_BLOCK_V,
         num_warps=num_warps,
     )  # fmt: skip
     return o
