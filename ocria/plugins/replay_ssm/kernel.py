@@ -16,6 +16,12 @@ The T x T Gram matrices are summed over 32-wide key chunks so no thread holds a 
 operand; with the transposed state this keeps register spills small
 (``bench/results/replay_ssm_ptxas.json``).
 
+A chunk of one token needs none of that: at most one pending token (a runtime branch on the slot's
+count) is folded as a plain rank-1 delta step, a single new token (T = 1, a compile-time branch:
+plain decoding) is verified with two row reductions of the state, and a slot with nothing pending
+skips the state write. ``launch_config`` narrows the column tile for small batches so the grid
+still covers the SMs.
+
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
 writes what another one reads; the shared k/g/beta entries are written by the tile-0 program only.
 """
