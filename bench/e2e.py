@@ -6,7 +6,8 @@ For each batch size: prefill the same document prompt into every row, then time 
 decode steps (one graph launch + one async readback per step). ``oracle`` forces every draft to be
 the target's own continuation, ``tau=X`` forces the first k ~ Binomial(B-1, (X-1)/(B-1)) drafts right
 and the rest wrong (uniforms fixed per row and position, so a run is a function of its table), ``spec``
-uses the (random) drafter as is. The drafter always runs.
+uses the (random) drafter as is. The drafter always runs; in the forced modes its selector head runs
+too but does not cut the drafts sent to verification.
 
 The forced modes read an oracle table of wanted tokens. ``ar``'s greedy tokens seed it, but in bf16
 the ar path (T=1 steps) and the verify path (T=block steps) differ by rounding, a near-tie flips and
@@ -14,7 +15,10 @@ every later draft would be rejected. So before timing, a forced mode runs un-tim
 batch and block schedule and takes the tokens it emitted as the new table until a pass emits exactly
 the table (every block fully accepted): a fixed point of the verify path itself. Each pass extends the
 agreed prefix by at least one token (the verify outputs up to the first disagreement repeat), so the
-cap of tokens + block + 1 passes is never the reason to stop; the passes are reported.
+cap of tokens + block + 2 passes is never the reason to stop; the passes are reported. Passes run one
+block past the timed run, so the timed run's last drafts read agreed positions too. Each forced run
+records its passes and ``table_source``: ``ar`` when the passes only extended ar's table past its end,
+``fixed_point`` when they rewrote a token the timed run reads (``table_first_rewrite``: the first one).
 
 Checks, each failing the run: the timed tokens of a forced mode equal its table (exact: same
 computation, same schedule); every spec-family run equals ``ar`` token for token (bf16 on both
@@ -70,6 +74,12 @@ class ForcedDrafter:
     def __getattr__(self, name):
         return getattr(self.real, name)
 
+    def verify_budget(self, conf):
+        """Every forced draft goes to verification: the selector still runs (its cost stays in the
+        step), its cut does not apply (a threshold would otherwise cap the forced acceptance)."""
+        budget = self.real.verify_budget(conf)
+        return None if budget is None else torch.full_like(budget, conf.shape[1])
+
     def propose(self, logits, cache, slots):
         n = logits.shape[1]
         pos = cache.ctx_len[slots].long().clamp(max=self.table.shape[1] - 1)
@@ -91,20 +101,24 @@ def table_rows(table: torch.Tensor, start: int, tokens: list[list[int]]) -> list
     return [table[r, start: start + len(t)].tolist() for r, t in enumerate(tokens)]
 
 
-def oracle_fixed_point(generate, table: torch.Tensor, start: int, max_passes: int) -> tuple[int, bool, dict]:
+def oracle_fixed_point(generate, table: torch.Tensor, start: int, cover: int,
+                       max_passes: int) -> tuple[int, bool]:
     """Rewrite ``table`` in place until a pass of the forced mode emits exactly the table.
 
-    ``generate(p)`` runs pass p (un-timed, same batch and schedule as the timed run) and returns
-    (tokens per row, where token 0 sits at position ``start``; stats). Emitted tokens are the verify
-    path's own greedy outputs, so they become the table. Returns (passes, converged, last pass's stats).
+    ``generate(p)`` runs pass p (un-timed, same batch, graph and schedule as the timed run, at least
+    ``cover`` tokens after the first) and returns its tokens per row, token 0 at position ``start``.
+    Emitted tokens are the verify path's own greedy outputs, so they become the table; the pass agrees
+    when its first ``cover`` + 1 tokens equal the table (its last block may read past what is known).
+    Each pass moves the first disagreement right by at least one token. Returns (passes, converged).
     """
     for p in range(1, max_passes + 1):
-        tokens, stats = generate(p)
-        if all(first_mismatch(w, t) is None for w, t in zip(table_rows(table, start, tokens), tokens)):
-            return p, True, stats
+        tokens = generate(p)
+        head = [t[: cover + 1] for t in tokens]
+        if all(first_mismatch(w, t) is None for w, t in zip(table_rows(table, start, head), head)):
+            return p, True
         for r, t in enumerate(tokens):
             table[r, start: start + len(t)] = torch.tensor(t, device=table.device)
-    return max_passes, False, stats
+    return max_passes, False
 
 
 def check_table(table: torch.Tensor, start: int, tokens: list[list[int]]) -> tuple[bool, list[dict]]:
@@ -205,13 +219,13 @@ def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar
     zeros = torch.zeros(rows, device="cuda")
     params = SamplingTensors(zeros, torch.ones(rows, device="cuda"), zeros.long(), zeros.long())
     slots = list(range(rows))
-    horizon = L + steps * T  # one attention-length bucket for the whole run
+    horizon = L + steps * T  # one attention-length bucket for the whole run, fixed-point passes included
     first = prefill_rows(target, real, tcache, dcache, prompt, rows)
     graph.step(slots, first, params, spec, horizon, True, ("warm", mode))
     launches = count_launches(lambda: graph.step(slots, first, None, spec, horizon, True, ("warm", mode)))
 
-    def generate(tag) -> tuple[list[list[int]], dict]:
-        """Prefill every row, then graph steps until each row has ``args.tokens`` after its first."""
+    def generate(tag, want: int) -> tuple[list[list[int]], dict]:
+        """Prefill every row, then graph steps until each row has ``want`` tokens after its first."""
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         first = prefill_rows(target, real, tcache, dcache, prompt, rows)
@@ -221,7 +235,7 @@ def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar
         step_ms, wall_ms, acc_total = [], [], 0
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         n = 0
-        while min(len(t) for t in tokens) <= args.tokens and n < steps:
+        while min(len(t) for t in tokens) <= want:  # every step emits a token per row
             w0 = time.perf_counter()
             start.record()
             out, acc, _ = graph.step(slots, [t[-1] for t in tokens], params, spec, horizon, True, tag)
@@ -237,12 +251,18 @@ def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar
 
     forced = {}
     if isinstance(use, ForcedDrafter):
-        passes, converged, last = oracle_fixed_point(lambda p: generate(("pass", mode, p)), table, L,
-                                                     args.tokens + T + 1)
-        source = source if passes == 1 else "fixed_point"
+        # passes cover one block more than the timed run, so its last drafts read agreed positions too
+        cover = args.tokens + T
+        before = table[:rows, L: L + args.tokens + 1].clone()
+        passes, converged = oracle_fixed_point(lambda p: generate(("pass", mode, p), cover)[0], table, L, cover,
+                                               cover + 2)
+        # where the passes rewrote what the timed run reads (not just extended the table past it)
+        changed = (table[:rows, L: L + args.tokens + 1] != before).any(0).nonzero()
+        rewrite = int(changed[0]) if changed.numel() else None
+        source = source if rewrite is None else "fixed_point"
         forced = {"table_source": source, "oracle_passes": passes, "oracle_converged": converged,
-                  "fixed_point_tau": last["tau"]}
-    tokens, st = generate(("timed", mode))
+                  "table_first_rewrite": rewrite}
+    tokens, st = generate(("timed", mode), args.tokens)
     if not spec:
         for r in range(rows):
             table[r, L: L + len(tokens[r])] = torch.tensor(tokens[r], device="cuda")
@@ -323,7 +343,8 @@ def record_table_check(results, table, start, tokens, row, precision: str) -> bo
     """Forced mode: the timed tokens must equal the table they were forced from; stored in results."""
     ok, report = check_table(table, start, tokens)
     results["table_checks"].append({"precision": precision, "batch": row["batch"], "mode": row["mode"], "ok": ok,
-                                    **{k: row[k] for k in ("table_source", "oracle_passes", "oracle_converged")},
+                                    **{k: row[k] for k in ("table_source", "oracle_passes", "oracle_converged",
+                                                             "table_first_rewrite")},
                                     "rows": report})
     if not ok:
         print(f"B={row['batch']} {row['mode']} ({precision}): timed tokens differ from the oracle table", flush=True)

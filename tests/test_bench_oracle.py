@@ -6,10 +6,13 @@ rejected after the first flip, the fixed point of the verify path is accepted bl
 """
 
 import importlib.util
+import io
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+
+from ocria.data import generate
 
 _spec = importlib.util.spec_from_file_location("bench_e2e", Path(__file__).parents[1] / "bench" / "e2e.py")
 e2e = importlib.util.module_from_spec(_spec)
@@ -24,14 +27,14 @@ def greedy(seq: list[int], block_start: int) -> int:
     return (h + block_start % 2) % V if len(seq) % 5 == 2 else h
 
 
-def decode(drafter, rows: int, steps_cap: int = 64) -> tuple[list[list[int]], dict]:
+def decode(drafter, rows: int, want: int = TOKENS) -> tuple[list[list[int]], dict]:
     """Forced-mode generation like ``run_mode``'s: verify [last, drafts], accept the agreeing prefix."""
     prompt = [3, 1, 4, 1, 5][:START]
     first = greedy(prompt, START - 1)
     cache = SimpleNamespace(ctx_len=torch.full((rows,), START, dtype=torch.int32))
     seqs = [[*prompt, first] for _ in range(rows)]
     steps, accepted = 0, 0
-    while min(len(s) - START for s in seqs) <= TOKENS and steps < steps_cap:
+    while min(len(s) - START for s in seqs) <= want:
         for r, seq in enumerate(seqs):
             c = int(cache.ctx_len[r])
             drafts = drafter.propose(torch.zeros(1, BLOCK - 1, V), cache, torch.tensor([r]))[0].tolist()
@@ -65,10 +68,10 @@ def test_ar_table_breaks_and_fixed_point_is_fully_accepted():
     ok, report = e2e.check_table(table, START, tokens)
     assert not ok and report[0]["first_divergence"] is not None
 
-    passes, converged, last = e2e.oracle_fixed_point(lambda p: decode(drafter, rows), table, START,
-                                                     TOKENS + BLOCK + 1)
-    assert converged and 1 < passes <= TOKENS + BLOCK + 1
-    assert last["tau"] == BLOCK
+    cover = TOKENS + BLOCK
+    passes, converged = e2e.oracle_fixed_point(lambda p: decode(drafter, rows, cover)[0], table, START, cover,
+                                               cover + 2)
+    assert converged and 1 < passes <= cover + 2
     tokens, stats = decode(drafter, rows)  # the timed run reads the same table
     assert stats["tau"] == BLOCK
     assert e2e.check_table(table, START, tokens)[0]
@@ -82,12 +85,15 @@ def test_tau_mode_is_deterministic_has_its_mean_and_reaches_a_fixed_point():
     k = (drafter.draws < (tau - 1) / (BLOCK - 1)).sum(-1).float()
     assert abs(float(k.mean()) + 1 - tau) < 0.2  # Binomial(15, 7/15) per (slot, position): mean tau - 1
 
-    passes, converged, last = e2e.oracle_fixed_point(lambda p: decode(drafter, rows), table, START,
-                                                     TOKENS + BLOCK + 1)
+    cover = TOKENS + BLOCK
+    passes, converged = e2e.oracle_fixed_point(lambda p: decode(drafter, rows, cover)[0], table, START, cover,
+                                               cover + 2)
     assert converged
     tokens, stats = decode(drafter, rows)
     again, stats2 = decode(e2e.ForcedDrafter(real, table, tau), rows)  # same seed: same schedule
-    assert tokens == again and stats == stats2 == last
+    assert tokens == again and stats == stats2
+    longer = decode(drafter, rows, cover)[0]
+    assert [t[: len(s)] for t, s in zip(longer, tokens)] == tokens  # the timed run is a pass's prefix
     assert e2e.check_table(table, START, tokens)[0]
     assert 1 < stats["tau"] < BLOCK
 
@@ -113,3 +119,46 @@ def test_drafter_ranges_put_step_calls_in_profiler_ranges():
     assert len(ranged) == 1 and any(c.name == "aten::add" for c in ranged[0].cpu_children)
     table = e2e.kernel_table(prof, ("drafter.propose",))
     assert table["kernels"] == 0 and table["ranges"]["drafter.propose"] == {"kernels": 0, "total_us": 0}
+
+
+def test_forced_drafter_in_the_real_decode_step():
+    """ocria-mini's eager spec step: the table is indexed by the drafter cache's positions as the oracle
+    mode needs (ar's table, extended by the passes, is accepted block after block, selector or not)."""
+    from ocria.builder.presets import load_preset, random_models
+    from ocria.models import DrafterCache, TargetCache
+    from ocria.runtime.decode import SamplingTensors, decode_step, prefill
+    from ocria.runtime.processor import Processor
+
+    preset = load_preset("ocria-mini")
+    target, drafter = random_models(preset, "cpu", torch.float32)
+    cfg, dc = target.text_config, drafter.config
+    buf = io.BytesIO()
+    generate(3, kind="page").image.save(buf, format="PNG")
+    prompt = Processor(preset.assets).prepare(buf.getvalue())
+    L, n, size = prompt.input_ids.numel(), 20, 256
+    zero = torch.zeros(1)
+    params = SamplingTensors(zero, torch.ones(1), zero.long(), zero.long())
+    table = torch.zeros(1, L + size, dtype=torch.long)
+
+    def run(use, want: int) -> tuple[list[list[int]], float]:
+        tcache = TargetCache.allocate(cfg, 1, L + size, dc.block_size, torch.float32, "cpu")
+        dcache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, 1, L + size,
+                                       torch.float32, "cpu") if use else None
+        last = prefill(target, drafter if use else None, tcache, dcache, 0, prompt).argmax(-1)
+        tokens, steps = [int(last)], 0
+        while len(tokens) <= want:
+            res = decode_step(target, use, tcache, dcache, torch.zeros(1, dtype=torch.long), last, params,
+                              L + size - 2 * dc.block_size, True)
+            a = int(res.accepted[0])
+            tokens += res.tokens[0, : a + 1].tolist()
+            last, steps = res.tokens[0, a: a + 1], steps + 1
+        return [tokens], (len(tokens) - 1) / steps
+
+    ar, _ = run(None, n)
+    table[0, L: L + n + 1] = torch.tensor(ar[0])
+    oracle = e2e.ForcedDrafter(drafter, table, None)
+    cover = n + dc.block_size
+    passes, converged = e2e.oracle_fixed_point(lambda p: run(oracle, cover)[0], table, L, cover, cover + 2)
+    assert converged and table[0, L: L + n + 1].tolist() == ar[0]  # fp32: the passes only extend ar's table
+    tokens, tau = run(oracle, n)
+    assert tau == dc.block_size and e2e.check_table(table, L, tokens)[0]
