@@ -20,13 +20,13 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ocria.plugins.replay_ssm.kernel import KEY_CHUNK, _replay_verify_kernel
+from ocria.plugins.replay_ssm.kernel import KEY_CHUNK, PREFETCH_MAX_BLOCK_V, _replay_verify_kernel
 
 _TYPES = dict(
     q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", a_ptr="*bf16", b_ptr="*bf16", A_log_ptr="*fp32",
     dt_bias_ptr="*fp32", state_ptr="*fp32", ring_k_ptr="*fp32", ring_v_ptr="*fp32", ring_g_ptr="*fp32",
     ring_beta_ptr="*fp32", ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", o_ptr="*bf16",
-    T="i32", Tmax="i32", scale="fp32", eps="fp32",
+    T="i32", Tmax="i32", scale="fp32", eps="fp32", sq="i32", sk="i32", sv="i32", sa="i32", sb="i32",
 )  # fmt: skip
 
 
@@ -40,9 +40,10 @@ def _ptxas() -> str:
     sys.exit(f"no ptxas under {bin_dir}")
 
 
-def compile_stats(block_v: int, num_warps: int, precision: str, heads=(16, 32, 128)) -> dict:
+def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
     Hk, Hv, D = heads
-    consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, BKC=min(KEY_CHUNK, D), TP=16, PREC=precision)
+    consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, BKC=min(KEY_CHUNK, D), TP=16, PREC=precision,
+                  ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V)
     names = _replay_verify_kernel.arg_names
     sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
     constexprs = {(names.index(k),): v for k, v in consts.items()}
@@ -58,7 +59,7 @@ def compile_stats(block_v: int, num_warps: int, precision: str, heads=(16, 32, 1
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
     return dict(
-        block_v=block_v, num_warps=num_warps, precision=precision, registers=int(regs.group(1)),
+        block_v=block_v, num_warps=num_warps, precision=precision, one_token=one_token, registers=int(regs.group(1)),
         spill_store_bytes=int(spill.group(1)) if spill else 0, spill_load_bytes=int(spill.group(2)) if spill else 0,
         wgmma_tiles=tiles, mma_sync=ptx.count("mma.sync"),
     )  # fmt: skip
@@ -69,9 +70,10 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     rows = [
-        compile_stats(bv, warps, prec)
-        for bv, warps in ((64, 4), (64, 8), (128, 8), (32, 4))
+        compile_stats(bv, warps, prec, one)
+        for bv, warps in ((64, 4), (64, 8), (128, 8), (32, 4), (16, 4))
         for prec in ("tf32", "tf32x3")
+        for one in (True, False)
     ]
     result = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -81,10 +83,11 @@ def main() -> None:
     with open(args.out + ".tmp", "w") as f:
         json.dump(result, f, indent=1)
     os.replace(args.out + ".tmp", args.out)
-    print(f"{'BV':>4} {'warps':>5} {'precision':>9} {'regs':>4} {'spill st/ld B':>14}  wgmma tiles")
+    print(f"{'BV':>4} {'warps':>5} {'precision':>9} {'T=1':>4} {'regs':>4} {'spill st/ld B':>14}  wgmma tiles")
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"
-        print(f"{r['block_v']:>4} {r['num_warps']:>5} {r['precision']:>9} {r['registers']:>4} {spill:>14}  "
+        print(f"{r['block_v']:>4} {r['num_warps']:>5} {r['precision']:>9} {'yes' if r['one_token'] else 'no':>4} "
+              f"{r['registers']:>4} {spill:>14}  "
               f"{','.join(r['wgmma_tiles']) or 'mma.sync only'}")  # fmt: skip
 
 
