@@ -1,5 +1,6 @@
 """Fused RMSNorm plugin: the Triton kernel (CPU interpreter) against the PyTorch reference the model
-layers use, for the zero-centred and the gated norm, fp32 and bf16, strided inputs, and the switch."""
+layers use, for the zero-centred, the plain (drafter) and the gated norm, fp32 and bf16, strided inputs, and the
+switch."""
 
 import importlib
 import os
@@ -11,8 +12,14 @@ import pytest
 import torch
 
 from ocria.errors import OcriaError
-from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm
-from ocria.plugins.rms_norm.reference import add_rms_norm_reference, gated_rms_norm_reference, rms_norm_reference
+from ocria.plugins.rms_norm import add_plain_rms_norm, add_rms_norm, gated_rms_norm, plain_rms_norm, rms_norm
+from ocria.plugins.rms_norm.reference import (
+    add_plain_rms_norm_reference,
+    add_rms_norm_reference,
+    gated_rms_norm_reference,
+    plain_rms_norm_reference,
+    rms_norm_reference,
+)
 
 if "ocria.plugins.rms_norm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.rms_norm.kernel"])
@@ -123,3 +130,56 @@ def test_add_rms_norm_writes_the_sum_and_its_norm(dtype):
     with pytest.raises(OcriaError, match="residual"):
         add_rms_norm(x, r[..., :64], w, 1e-6, 1.0, use_kernel=True)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(64, 256), (2, 16, 4, 128), (1, 3, 2048)])
+def test_plain_norm_matches_reference(dtype, shape):
+    """The drafter's ``w * norm(x).to(x dtype)``. bf16 bound 2 ulps: where the fp32 norm (another summation
+    order) rounds to the neighbouring bf16, that 1-ulp step times w (mantissa in [1, 2)) moves the product by
+    less than 2 of its ulps; in practice nearly every element is bit-equal."""
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 3).to(dtype)
+    w = (1 + torch.randn(shape[-1], generator=g) * 0.5).to(dtype)
+    got = plain_rms_norm(x, w, 1e-6, use_kernel=True)
+    want = plain_rms_norm_reference(x, w, 1e-6)
+    assert got.dtype == dtype and got.shape == x.shape
+    assert _ulps_apart(got, want) <= (2 if dtype == torch.bfloat16 else 8)
+    if dtype == torch.bfloat16:
+        assert float((got != want).float().mean()) <= 0.01
+    # the chain rounds norm(x) to bf16 before the weight: a kernel that skipped that rounding would differ
+    unrounded = (w.float() * torch.nn.functional.rms_norm(x.float(), (shape[-1],), eps=1e-6)).to(dtype)
+    assert dtype == torch.float32 or not torch.equal(unrounded, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_add_plain_rms_norm_writes_the_sum_and_its_norm(dtype):
+    x = (torch.randn(2, 16, 256) * 3).to(dtype)
+    r = torch.randn(2, 16, 256).to(dtype)
+    w = (1 + torch.randn(256) * 0.5).to(dtype)
+    got_sum, got = add_plain_rms_norm(x, r, w, 1e-6, use_kernel=True)
+    want_sum, want = add_plain_rms_norm_reference(x, r, w, 1e-6)
+    assert torch.equal(got_sum, x + r) and torch.equal(want_sum, x + r)
+    assert _ulps_apart(got, want) <= (2 if dtype == torch.bfloat16 else 8)
+    strided = torch.randn(2, 16, 2 * 256).to(dtype)[..., 256:]  # a column slice is read in place
+    assert _ulps_apart(add_plain_rms_norm(strided, r, w, 1e-6, use_kernel=True)[1],
+                       add_plain_rms_norm_reference(strided, r, w, 1e-6)[1]) <= (2 if dtype == torch.bfloat16 else 8)
+    torch.library.opcheck(torch.ops.ocria.add_plain_rms_norm.default, (x.float(), r.float(), w.float(), 1e-6))
+    torch.library.opcheck(torch.ops.ocria.plain_rms_norm.default, (x.float(), w.float(), 1e-6))
+
+
+def test_plain_norm_mixed_dtypes_and_autograd_take_the_reference():
+    """fp32 w on bf16 x makes an fp32 product (PyTorch's promotion), which the kernel does not write: the
+    reference runs; so does autograd. The kernel itself refuses the mixed product in one line."""
+    x = torch.randn(4, 64).bfloat16()
+    w = 1 + torch.randn(64) * 0.5
+    got = plain_rms_norm(x, w, 1e-6, use_kernel=True)
+    assert got.dtype == torch.float32 and torch.equal(got, plain_rms_norm_reference(x, w, 1e-6))
+    mixed_sum, mixed = add_plain_rms_norm(x, x.float(), w.bfloat16(), 1e-6, use_kernel=True)
+    assert mixed_sum.dtype == torch.float32 and torch.equal(mixed, plain_rms_norm_reference(x + x.float(),
+                                                                                           w.bfloat16(), 1e-6))
+    with pytest.raises(OcriaError, match="product"):
+        torch.ops.ocria.plain_rms_norm(x, w, 1e-6)
+    xg, wg = torch.randn(4, 64, requires_grad=True), torch.ones(64, requires_grad=True)
+    add_plain_rms_norm(xg, xg, wg, 1e-6, use_kernel=True)[1].sum().backward()
+    assert xg.grad is not None and wg.grad is not None

@@ -21,8 +21,9 @@ MAX_WIDTH = 16384
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, M, N, stride_x, stride_z, stride_r, eps, offset,
-    GATED: tl.constexpr, RESIDUAL: tl.constexpr, X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr,
-    PROD_BF16: tl.constexpr, ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+    PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr, PROD_BF16: tl.constexpr,
+    ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BN)
@@ -40,15 +41,16 @@ def _rms_norm_kernel(
     w = widen(tl.load(w_ptr + cols, mask=cols < N, other=0), W_BF16)
     rstd = 1.0 / tl.sqrt_rn(tl.sum(x * x, 1) / N + eps)
     normed = x * rstd[:, None]
-    if GATED:  # (w * norm(x).to(x dtype)) rounded to the product's dtype, then * silu(z) in fp32
+    if PLAIN or GATED:  # w * norm(x).to(x dtype), rounded to the product's dtype (Qwen3's plain norm)
         normed = round_to_dtype(normed, X_BF16, ON_GPU, DT)
-        out = round_to_dtype(normed * w[None, :], PROD_BF16, ON_GPU, DT)
-        z = widen(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0), Z_BF16)
-        if ON_GPU:
-            e = libdevice.exp(-z)
-        else:
-            e = tl.exp(-z)
-        y = out * tl.math.div_rn(z, 1.0 + e)
+        y = round_to_dtype(normed * w[None, :], PROD_BF16, ON_GPU, DT)
+        if GATED:  # then * silu(z) in fp32
+            z = widen(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0), Z_BF16)
+            if ON_GPU:
+                e = libdevice.exp(-z)
+            else:
+                e = tl.exp(-z)
+            y = y * tl.math.div_rn(z, 1.0 + e)
     else:
         y = normed * (offset + w)[None, :]
     y_ptrs = y_ptr + rows64[:, None] * N + cols[None, :]
@@ -67,15 +69,19 @@ def _rows(t: Tensor) -> tuple[Tensor, int]:
 
 
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, z: Tensor | None = None,
-                    residual: Tensor | None = None, out_sum: Tensor | None = None) -> Tensor:
-    """``rms_norm_reference`` (z None) or ``gated_rms_norm_reference`` (z given) in one launch. With
-    ``residual`` (not with z): ``out_sum = x + residual`` is written and the norm is of that sum."""
+                    residual: Tensor | None = None, out_sum: Tensor | None = None, plain: bool = False) -> Tensor:
+    """``rms_norm_reference`` (z None), ``plain_rms_norm_reference`` (``plain``, offset unused) or
+    ``gated_rms_norm_reference`` (z given) in one launch. With ``residual`` (not with z):
+    ``out_sum = x + residual`` is written and the norm is of that sum."""
     N = x.shape[-1]
     if N > MAX_WIDTH or weight.shape != (N,) or any(t is not None and t.shape != x.shape for t in (z, residual)):
         raise OcriaError(f"rms_norm kernel: x {tuple(x.shape)}, weight {tuple(weight.shape)}"
                          f"{'' if z is None else f', z {tuple(z.shape)}'}"
                          f"{'' if residual is None else f', residual {tuple(residual.shape)}'}"
                          f": widths must agree and be <= {MAX_WIDTH}")
+    prod = torch.promote_types(weight.dtype, x.dtype)
+    if plain and prod != x.dtype:
+        raise OcriaError(f"rms_norm kernel: the plain norm's product w * norm(x) is {prod}, not x's {x.dtype}")
     if x.dtype not in (torch.bfloat16, torch.float32) or (residual is not None and residual.dtype != x.dtype):
         raise OcriaError(f"rms_norm kernel: x (and residual) must be bf16 or fp32 of one dtype, got {x.dtype}"
                          f"{'' if residual is None else f' and {residual.dtype}'}")
@@ -89,10 +95,9 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
         return y
     BN = triton.next_power_of_2(N)
     rows = max(1, min(16, 4096 // BN))
-    prod = torch.promote_types(weight.dtype, x.dtype)
     _rms_norm_kernel[(triton.cdiv(M, rows),)](
         *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s)), M, N, sx, sz, sr, eps, offset,
-        GATED=z is not None, RESIDUAL=residual is not None, X_BF16=x.dtype == torch.bfloat16,
+        PLAIN=plain, GATED=z is not None, RESIDUAL=residual is not None, X_BF16=x.dtype == torch.bfloat16,
         W_BF16=weight.dtype == torch.bfloat16,
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
         DT=tl.float32, ROWS=rows, BN=BN,

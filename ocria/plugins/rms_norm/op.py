@@ -1,12 +1,19 @@
-"""``torch.library`` operators ``ocria::rms_norm``, ``ocria::add_rms_norm``, ``ocria::gated_rms_norm`` and
-the functions the model's norm layers call. ``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the
-reference elsewhere). The kernel has no backward: under autograd (training) the reference runs."""
+"""``torch.library`` operators ``ocria::rms_norm``, ``ocria::add_rms_norm``, ``ocria::plain_rms_norm``,
+``ocria::add_plain_rms_norm``, ``ocria::gated_rms_norm`` and the functions the model's norm layers call.
+``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the reference elsewhere).
+The kernel has no backward: under autograd (training) the reference runs."""
 
 import torch
 from torch import Tensor
 
 from ocria.plugins.rms_norm.kernel import rms_norm_triton
-from ocria.plugins.rms_norm.reference import add_rms_norm_reference, gated_rms_norm_reference, rms_norm_reference
+from ocria.plugins.rms_norm.reference import (
+    add_plain_rms_norm_reference,
+    add_rms_norm_reference,
+    gated_rms_norm_reference,
+    plain_rms_norm_reference,
+    rms_norm_reference,
+)
 from ocria.plugins.switch import kernel_enabled
 
 
@@ -21,6 +28,17 @@ def _add_rms_norm_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float, of
     return out_sum, rms_norm_triton(x, weight, eps, offset, residual=residual, out_sum=out_sum)
 
 
+@torch.library.custom_op("ocria::plain_rms_norm", mutates_args=())
+def _plain_rms_norm_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return rms_norm_triton(x, weight, eps, plain=True)
+
+
+@torch.library.custom_op("ocria::add_plain_rms_norm", mutates_args=())
+def _add_plain_rms_norm_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    out_sum = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return out_sum, rms_norm_triton(x, weight, eps, residual=residual, out_sum=out_sum, plain=True)
+
+
 @torch.library.custom_op("ocria::gated_rms_norm", mutates_args=())
 def _gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
     return rms_norm_triton(x, weight, eps, z=z)
@@ -33,6 +51,17 @@ def _(x: Tensor, weight: Tensor, eps: float, offset: float) -> Tensor:
 
 @_add_rms_norm_op.register_fake
 def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+@_plain_rms_norm_op.register_fake
+def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_add_plain_rms_norm_op.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty_like(x, memory_format=torch.contiguous_format))
 
@@ -62,6 +91,24 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset
     if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), use_kernel):  # mixed: autocast's promotion
         return torch.ops.ocria.add_rms_norm(x, residual, weight, eps, offset)
     return add_rms_norm_reference(x, residual, weight, eps, offset)
+
+
+def plain_rms_norm(x: Tensor, weight: Tensor, eps: float, use_kernel: bool | None = None) -> Tensor:
+    """Qwen3's plain norm ``w * norm(x).to(x dtype)`` (the DFlash drafter's); see
+    ``reference.plain_rms_norm_reference``. A product of another dtype than x's (fp32 w on bf16 x): the reference."""
+    if torch.promote_types(weight.dtype, x.dtype) == x.dtype and _use_kernel(x, (weight,), use_kernel):
+        return torch.ops.ocria.plain_rms_norm(x, weight, eps)
+    return plain_rms_norm_reference(x, weight, eps)
+
+
+def add_plain_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                       use_kernel: bool | None = None) -> tuple[Tensor, Tensor]:
+    """``(x + residual, plain_rms_norm(x + residual))`` in one launch (the drafter's residual add fused into its
+    next norm); see ``reference.add_plain_rms_norm_reference``."""
+    if (x.dtype == residual.dtype and torch.promote_types(weight.dtype, x.dtype) == x.dtype
+            and _use_kernel(x, (residual, weight), use_kernel)):
+        return torch.ops.ocria.add_plain_rms_norm(x, residual, weight, eps)
+    return add_plain_rms_norm_reference(x, residual, weight, eps)
 
 
 def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel: bool | None = None) -> Tensor:

@@ -20,8 +20,19 @@ def add_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: flo
     return s, rms_norm_reference(s, weight, eps, offset)
 
 
+def plain_rms_norm_reference(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Qwen3's plain norm (the DFlash drafter's), rounded where it rounds: ``norm(x)`` in fp32 rounded to x's
+    dtype, its product with w rounded to their common dtype."""
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def add_plain_rms_norm_reference(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """The drafter's residual add followed by its plain norm: ``(x + residual, plain_rms_norm(x + residual))``."""
+    s = x + residual
+    return s, plain_rms_norm_reference(s, weight, eps)
+
+
 def gated_rms_norm_reference(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
     """GDN output norm ``w * norm(x) * silu(z)``, rounded where the model rounds: the norm to x's dtype,
     its product with w to their common dtype, the gated result to x's dtype."""
-    out = weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
-    return (out * F.silu(z.float())).to(x.dtype)
+    return (plain_rms_norm_reference(x, weight, eps) * F.silu(z.float())).to(x.dtype)
