@@ -138,3 +138,38 @@ def test_drafter_rejects_mismatched_target(target, tmp_path):
     write_drafter(tmp_path / "d", dcfg)
     with pytest.raises(ConfigError, match="target_layer_ids"):
         DFlash2Drafter.from_pretrained(tmp_path / "d", model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_plugin_path_matches_reference_path(dtype):
+    """set_plugins(True): every norm is one ``ocria::`` launch, the residual adds fused into the norms that
+    follow them, and the drafted logits, selector and written K/V match the eager path's. The cached attention
+    stays on its reference (its kernel is tested on its own) so that the norms are what differs: in bf16 the
+    kernels keep the eager rounding chain and this seeded draft comes out bit for bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ocria.builder.presets import load_preset, random_models
+
+    _, drafter = random_models(load_preset("ocria-mini"), "cpu", dtype)
+    drafter.fuse_projections()
+    dc = drafter.config
+    feats = torch.randn(2, 7, len(dc.target_layer_ids) * dc.hidden_size).to(dtype)
+    slots, counts, last = torch.tensor([1, 0]), torch.tensor([7, 4]), torch.tensor([13, 42])
+    out = {}
+    for on in (False, True):
+        drafter.set_plugins(on)
+        for layer in drafter.layers:
+            layer.self_attn.use_kernel = False
+        cache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, 2, 48, dtype)
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            drafter.append_context(feats, counts, cache, slots)
+            out[on] = (*drafter.draft(last, cache, slots, attn_len=32), cache.k[-1].clone())
+        calls = [e.name for e in prof.events()]
+        layers = dc.num_hidden_layers
+        # context: hidden_norm + k_norm per layer; block: q_norm, k_norm per layer
+        assert calls.count("ocria::plain_rms_norm") == (1 + 3 * layers if on else 0)
+        # block: input norm (with the conv's residual add), post-attention norm per layer, final norm
+        assert calls.count("ocria::add_plain_rms_norm") == (2 * layers + 1 if on else 0)
+    tol = 1e-5 if dtype == torch.float32 else 0.0
+    for got, want in zip(out[True], out[False]):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)

@@ -27,12 +27,35 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.errors import ConfigError
-from ocria.models.attention import write_kv
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
 from ocria.models.layers import RMSNorm, SwiGLU, apply_rotary, fuse_linears, inverse_frequencies, rope_cos_sin
 from ocria.plugins.decode_attention import decode_attention
+from ocria.plugins.rms_norm import add_plain_rms_norm, plain_rms_norm
+
+
+class DrafterNorm(RMSNorm):
+    """The plain RMSNorm through the plugin (one launch, the same rounding chain), with the residual add fused."""
+
+    use_kernel: bool | None = None  # plugins switch: ocria::plain_rms_norm on CUDA
+
+    def forward(self, x: Tensor) -> Tensor:
+        return plain_rms_norm(x, self.weight, self.eps, use_kernel=self.use_kernel)
+
+    def add(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(x + residual, norm(x + residual))``, one launch with the kernel (residual None: ``(x, norm(x))``)."""
+        if residual is None:
+            return x, self(x)
+        return add_plain_rms_norm(x, residual, self.weight, self.eps, use_kernel=self.use_kernel)
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, pos: Tensor) -> None:
+    """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at sequence indices pos [B, T] of slots [B] (pos is
+    computed once per call, for the RoPE and every layer's write)."""
+    rows = slots.long()[:, None].expand_as(pos)
+    k_cache[rows, :, pos] = k.to(k_cache.dtype)
+    v_cache[rows, :, pos] = v.to(v_cache.dtype)
 
 
 class DrafterAttention(nn.Module):
@@ -47,8 +70,8 @@ class DrafterAttention(nn.Module):
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.q_norm = DrafterNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = DrafterNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = x.shape
@@ -61,29 +84,33 @@ class DrafterLayer(nn.Module):
         super().__init__()
         self.self_attn = DrafterAttention(cfg)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if cfg.local_conv_kernel > 0:
             self.local_conv = nn.Conv1d(cfg.hidden_size, cfg.hidden_size, cfg.local_conv_kernel,
                                         groups=cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
-                ctx_len: Tensor, attn_len: int) -> Tensor:
-        if hasattr(self, "local_conv"):
+    def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                slots: Tensor, ctx_len: Tensor, pos: Tensor, attn_len: int) -> tuple[Tensor, Tensor]:
+        """The layer's input is ``x + delta`` (delta None: x); returns its output as ``(x', delta')``, the MLP's
+        residual add left to the next norm, which fuses it (as the target's decoder layers)."""
+        if hasattr(self, "local_conv"):  # x + conv(x): the conv's residual add is fused into the input norm
+            if delta is not None:
+                x = x + delta
             kc = self.local_conv.kernel_size[0]
-            x = x + F.conv1d(F.pad(x.transpose(1, 2), (kc - 1, 0)), self.local_conv.weight,
-                             groups=x.shape[-1]).transpose(1, 2)
+            x, delta = F.conv1d(F.pad(x.transpose(1, 2), (kc - 1, 0)), self.local_conv.weight,
+                                groups=x.shape[-1]).transpose(1, 2), x
+        x, h = self.input_layernorm.add(x, delta)
         attn = self.self_attn
         B, T, _ = x.shape
-        h = self.input_layernorm(x)
         q = attn.q_norm(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim))
         q = apply_rotary(q, cos[:, :, None], sin[:, :, None])
         k, v = attn.kv(h, cos, sin)
-        write_kv(k_cache, v_cache, k, v, slots, ctx_len)
+        write_kv(k_cache, v_cache, k, v, slots, pos)
         o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
                              attn.head_dim**-0.5, causal_block=False, use_kernel=attn.use_kernel)
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add(attn.o_proj(o.transpose(1, 2).reshape(B, T, -1)), x)
+        return x, self.mlp(h)
 
 
 class DFlash2Drafter(nn.Module):
@@ -91,16 +118,16 @@ class DFlash2Drafter(nn.Module):
         super().__init__()
         self.config = cfg
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.norm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.hidden_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.hidden_norm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if cfg.selector_head:
             self.selector_head = nn.Linear(cfg.hidden_size, 1, bias=True)
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: nn.Linear | None = None
 
     def set_plugins(self, use_kernel: bool | None) -> None:
-        """The plugins' switch for the drafter's kernels (its cached attention), as ``TextModel.set_plugins``."""
+        """The plugins' switch for the drafter's kernels (norms, cached attention), as ``TextModel.set_plugins``."""
         for module in self.modules():
             if hasattr(module, "use_kernel"):
                 module.use_kernel = use_kernel
@@ -120,19 +147,17 @@ class DFlash2Drafter(nn.Module):
         for layer in self.layers:
             fuse_linears(layer.mlp, ("gate_proj", "up_proj"))
 
-    def _rope(self, positions: Tensor, dtype: torch.dtype):
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, str(positions.device))
         return rope_cos_sin(positions, inv_freq, dtype)
 
     def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor) -> None:
         """KV-inject the first ``counts[b]`` of feats [B, C, n*H] after each slot's context."""
         ctx = self.hidden_norm(self.fc(feats))
-        start = cache.ctx_len[slots]
-        positions = start.long()[:, None] + torch.arange(feats.shape[1], device=feats.device)
-        cos, sin = self._rope(positions, ctx.dtype)
+        pos = cache.ctx_len[slots].long()[:, None] + torch.arange(feats.shape[1], device=feats.device)
+        cos, sin = self._rope(pos, ctx.dtype)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            k, v = layer.self_attn.kv(ctx, cos, sin)
-            write_kv(k_cache, v_cache, k, v, slots, start)
+            write_kv(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin), slots, pos)
         cache.ctx_len[slots] += counts.to(torch.int32)
 
     def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
@@ -147,12 +172,13 @@ class DFlash2Drafter(nn.Module):
         ids[:, 0] = last_tokens
         x = self.embed_tokens(ids)
         start = cache.ctx_len[slots]
-        positions = start.long()[:, None] + torch.arange(Bs, device=x.device)
-        cos, sin = self._rope(positions, x.dtype)
+        pos = start.long()[:, None] + torch.arange(Bs, device=x.device)
+        cos, sin = self._rope(pos, x.dtype)
         attn_len = attn_len or cache.k[0].shape[2]
+        delta = None
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            x = layer(x, cos, sin, k_cache, v_cache, slots, start, attn_len)
-        out = self.norm(x)[:, 1:]
+            x, delta = layer(x, delta, cos, sin, k_cache, v_cache, slots, start, pos, attn_len)
+        out = self.norm.add(x, delta)[1][:, 1:]
         conf = torch.sigmoid(self.selector_head(out).float())[..., 0] if self.config.selector_head else None
         return self.lm_head(out), conf
 
