@@ -166,8 +166,9 @@ def test_plugin_path_matches_reference_path(dtype):
             out[on] = (*drafter.draft(last, cache, slots, attn_len=32), cache.k[-1].clone())
         calls = [e.name for e in prof.events()]
         layers = dc.num_hidden_layers
-        # context: hidden_norm + k_norm per layer; block: q_norm, k_norm per layer
-        assert calls.count("ocria::plain_rms_norm") == (1 + 3 * layers if on else 0)
+        assert calls.count("ocria::plain_rms_norm") == (1 if on else 0)  # context: hidden_norm
+        # context: k_norm per layer; block: q_norm, k_norm per layer, each with its rotary embedding
+        assert calls.count("ocria::rms_norm_rope") == (3 * layers if on else 0)
         # block: input norm (with the conv's residual add), post-attention norm per layer, final norm
         assert calls.count("ocria::add_plain_rms_norm") == (2 * layers + 1 if on else 0)
     tol = 1e-5 if dtype == torch.float32 else 0.0

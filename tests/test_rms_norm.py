@@ -12,13 +12,21 @@ import pytest
 import torch
 
 from ocria.errors import OcriaError
-from ocria.plugins.rms_norm import add_plain_rms_norm, add_rms_norm, gated_rms_norm, plain_rms_norm, rms_norm
+from ocria.plugins.rms_norm import (
+    add_plain_rms_norm,
+    add_rms_norm,
+    gated_rms_norm,
+    plain_rms_norm,
+    rms_norm,
+    rms_norm_rope,
+)
 from ocria.plugins.rms_norm.reference import (
     add_plain_rms_norm_reference,
     add_rms_norm_reference,
     gated_rms_norm_reference,
     plain_rms_norm_reference,
     rms_norm_reference,
+    rms_norm_rope_reference,
 )
 
 if "ocria.plugins.rms_norm.kernel" in sys.modules:  # decorated earlier without the interpreter
@@ -183,3 +191,53 @@ def test_plain_norm_mixed_dtypes_and_autograd_take_the_reference():
     xg, wg = torch.randn(4, 64, requires_grad=True), torch.ones(64, requires_grad=True)
     add_plain_rms_norm(xg, xg, wg, 1e-6, use_kernel=True)[1].sum().backward()
     assert xg.grad is not None and wg.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "zero_centred"])
+@pytest.mark.parametrize("rot", [128, 32], ids=["full", "partial"])
+def test_norm_rope_matches_norm_then_models_rotary(dtype, plain, rot):
+    """q/k norm + rotary in one launch against the models' own eager ops (``layers.apply_rotary``). The rotary
+    part is exact: the kernel's output is the eager rotary of the kernel's own norm, bit for bit (the partner
+    channel's norm is recomputed, each product rounded before the sum as PyTorch rounds it); so the only
+    difference from the eager pair is the norm's (<= 2 bf16 ulps, rare; cancellation in the sum can make that
+    more ulps of a small result, hence the absolute bound)."""
+    from ocria.models.layers import apply_rotary
+
+    g = torch.Generator().manual_seed(rot + plain)
+    x = (torch.randn(2, 5, 3, 128, generator=g) * 3).to(dtype)  # [B, T, H, D]
+    w = (1 + torch.randn(128, generator=g) * 0.5).to(dtype)
+    ang = torch.rand(2, 5, rot // 2, generator=g) * 40
+    cos, sin = torch.cat([ang, ang], -1).cos().to(dtype), torch.cat([ang, ang], -1).sin().to(dtype)
+    norm = plain_rms_norm(x, w, 1e-6) if plain else rms_norm(x, w, 1e-6, 1.0)
+    want = apply_rotary(norm, cos[:, :, None], sin[:, :, None])
+    assert torch.equal(rms_norm_rope_reference(x, w, cos, sin, 1e-6, 1.0, plain), want)
+    got = rms_norm_rope(x, w, cos, sin, 1e-6, 1.0, plain, use_kernel=True)
+    assert got.dtype == dtype and got.shape == x.shape
+    kernel_norm = plain_rms_norm(x, w, 1e-6, use_kernel=True) if plain else rms_norm(x, w, 1e-6, 1.0, use_kernel=True)
+    assert torch.equal(got, apply_rotary(kernel_norm, cos[:, :, None], sin[:, :, None]))
+    torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 2**-7,
+                               atol=1e-5 if dtype == torch.float32 else 2**-6)
+    assert dtype == torch.float32 or float((got != want).float().mean()) <= 0.01
+    strided = torch.randn(2, 5, 3, 256).to(dtype)[..., 128:]  # e.g. q of gated attention, read in place
+    strided_norm = (plain_rms_norm(strided, w, 1e-6, use_kernel=True) if plain
+                    else rms_norm(strided, w, 1e-6, 1.0, use_kernel=True))
+    assert torch.equal(rms_norm_rope(strided, w, cos, sin, 1e-6, 1.0, plain, use_kernel=True),
+                       apply_rotary(strided_norm, cos[:, :, None], sin[:, :, None]))
+    torch.library.opcheck(torch.ops.ocria.rms_norm_rope.default,
+                          (x.float(), w.float(), cos.float(), sin.float(), 1e-6, 1.0, plain))
+
+
+def test_norm_rope_shapes_and_fallbacks():
+    x, w = torch.randn(2, 5, 3, 64), torch.ones(64)
+    cos, sin = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    with pytest.raises(OcriaError, match="rope needs"):
+        rms_norm_rope(x, w, cos[:, :4], sin[:, :4], 1e-6, plain=True, use_kernel=True)
+    with pytest.raises(OcriaError, match="rope needs"):
+        rms_norm_rope(x, w, cos[..., :63], sin[..., :63], 1e-6, plain=True, use_kernel=True)
+    half = rms_norm_rope(x, w, cos.bfloat16(), sin.bfloat16(), 1e-6, plain=True, use_kernel=True)  # promoted
+    assert half.dtype == torch.float32
+    assert torch.equal(half, rms_norm_rope_reference(x, w, cos.bfloat16(), sin.bfloat16(), 1e-6, 0.0, True))
+    xg = x.clone().requires_grad_()
+    rms_norm_rope(xg, w, cos, sin, 1e-6, plain=True, use_kernel=True).sum().backward()  # autograd: reference
+    assert xg.grad is not None

@@ -30,13 +30,14 @@ from ocria.errors import ConfigError
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
-from ocria.models.layers import RMSNorm, SwiGLU, apply_rotary, fuse_linears, inverse_frequencies, rope_cos_sin
+from ocria.models.layers import RMSNorm, SwiGLU, fuse_linears, inverse_frequencies, rope_cos_sin
 from ocria.plugins.decode_attention import decode_attention
-from ocria.plugins.rms_norm import add_plain_rms_norm, plain_rms_norm
+from ocria.plugins.rms_norm import add_plain_rms_norm, plain_rms_norm, rms_norm_rope
 
 
 class DrafterNorm(RMSNorm):
-    """The plain RMSNorm through the plugin (one launch, the same rounding chain), with the residual add fused."""
+    """The plain RMSNorm through the plugin (one launch, the same rounding chain), with the residual add or
+    the rotary embedding that follows it fused."""
 
     use_kernel: bool | None = None  # plugins switch: ocria::plain_rms_norm on CUDA
 
@@ -48,6 +49,10 @@ class DrafterNorm(RMSNorm):
         if residual is None:
             return x, self(x)
         return add_plain_rms_norm(x, residual, self.weight, self.eps, use_kernel=self.use_kernel)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``apply_rotary(norm(x), cos[:, :, None], sin[:, :, None])`` for x [B, T, H, D], cos, sin [B, T, D]."""
+        return rms_norm_rope(x, self.weight, cos, sin, self.eps, plain=True, use_kernel=self.use_kernel)
 
 
 def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, pos: Tensor) -> None:
@@ -75,8 +80,8 @@ class DrafterAttention(nn.Module):
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim))
-        return apply_rotary(k, cos[:, :, None], sin[:, :, None]), self.v_proj(x).view(B, T, self.num_kv_heads, -1)
+        k = self.k_norm.rope(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim), cos, sin)
+        return k, self.v_proj(x).view(B, T, self.num_kv_heads, -1)
 
 
 class DrafterLayer(nn.Module):
@@ -103,8 +108,7 @@ class DrafterLayer(nn.Module):
         x, h = self.input_layernorm.add(x, delta)
         attn = self.self_attn
         B, T, _ = x.shape
-        q = attn.q_norm(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim))
-        q = apply_rotary(q, cos[:, :, None], sin[:, :, None])
+        q = attn.q_norm.rope(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim), cos, sin)
         k, v = attn.kv(h, cos, sin)
         write_kv(k_cache, v_cache, k, v, slots, pos)
         o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,

@@ -1,5 +1,6 @@
 """Triton kernels: one launch per RMSNorm (rows of x in, normalised rows out), fp32 inside; with a
-residual, the launch also adds it first and writes the sum (the decoder's residual stream).
+residual, the launch also adds it first and writes the sum (the decoder's residual stream); with cos/sin,
+the attention's q/k norm is followed in the same launch by its rotary embedding, rounded as the eager ops round.
 
 bf16 tensors travel as int16 bits and are rounded to nearest even on the bits, so the CPU
 interpreter (whose bf16 casts truncate) computes what the GPU computes. ``exp`` in the gate is
@@ -19,9 +20,21 @@ MAX_WIDTH = 16384
 
 
 @triton.jit
+def _norm_chain(x, w, rstd, offset, PLAIN: tl.constexpr, X_BF16: tl.constexpr, PROD_BF16: tl.constexpr,
+                ON_GPU: tl.constexpr, DT: tl.constexpr):
+    """Plain: w * norm(x).to(x dtype), rounded to the product's dtype (Qwen3's norm); else norm(x) * (offset + w)."""
+    normed = x * rstd[:, None]
+    if PLAIN:
+        normed = round_to_dtype(normed, X_BF16, ON_GPU, DT)
+        return round_to_dtype(normed * w[None, :], PROD_BF16, ON_GPU, DT)
+    else:
+        return normed * (offset + w)[None, :]
+
+
+@triton.jit
 def _rms_norm_kernel(
-    x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, M, N, stride_x, stride_z, stride_r, eps, offset,
-    PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, cos_ptr, sin_ptr, M, N, stride_x, stride_z, stride_r, eps, offset,
+    HEADS, R, PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr,
     X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr, PROD_BF16: tl.constexpr,
     ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
@@ -40,19 +53,33 @@ def _rms_norm_kernel(
             tl.store(s_ptrs, x.to(DT), mask=mask)
     w = widen(tl.load(w_ptr + cols, mask=cols < N, other=0), W_BF16)
     rstd = 1.0 / tl.sqrt_rn(tl.sum(x * x, 1) / N + eps)
-    normed = x * rstd[:, None]
-    if PLAIN or GATED:  # w * norm(x).to(x dtype), rounded to the product's dtype (Qwen3's plain norm)
-        normed = round_to_dtype(normed, X_BF16, ON_GPU, DT)
-        y = round_to_dtype(normed * w[None, :], PROD_BF16, ON_GPU, DT)
-        if GATED:  # then * silu(z) in fp32
-            z = widen(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0), Z_BF16)
-            if ON_GPU:
-                e = libdevice.exp(-z)
-            else:
-                e = tl.exp(-z)
-            y = y * tl.math.div_rn(z, 1.0 + e)
-    else:
-        y = normed * (offset + w)[None, :]
+    y = _norm_chain(x, w, rstd, offset, PLAIN, X_BF16, PROD_BF16, ON_GPU, DT)
+    if GATED:  # the plain chain, then * silu(z) in fp32
+        z = widen(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0), Z_BF16)
+        if ON_GPU:
+            e = libdevice.exp(-z)
+        else:
+            e = tl.exp(-z)
+        y = y * tl.math.div_rn(z, 1.0 + e)
+    if ROPE:  # row = token * HEADS + head; channels c < R: y*cos + rotate_half(y)*sin, each op rounded to x's dtype
+        y = round_to_dtype(y, X_BF16, ON_GPU, DT)  # the norm's output, in x's dtype
+        half = R // 2
+        rot = (rows < M)[:, None] & (cols < R)[None, :]
+        partner = tl.where(cols < half, cols + half, cols - half)  # rotate_half's source channel, norm recomputed
+        xp = widen(tl.load(x_ptr + rows64[:, None] * stride_x + partner[None, :], mask=rot, other=0), X_BF16)
+        wp = widen(tl.load(w_ptr + partner, mask=cols < R, other=0), W_BF16)
+        yp = round_to_dtype(_norm_chain(xp, wp, rstd, offset, PLAIN, X_BF16, PROD_BF16, ON_GPU, DT), X_BF16,
+                            ON_GPU, DT)
+        yp = tl.where((cols < half)[None, :], -yp, yp)
+        cs = (rows64 // HEADS)[:, None] * R + cols[None, :]
+        c = widen(tl.load(cos_ptr + cs, mask=rot, other=0), X_BF16)
+        sn = widen(tl.load(sin_ptr + cs, mask=rot, other=0), X_BF16)
+        if ON_GPU:  # no fused multiply-add: PyTorch rounds each product before the sum
+            a, b = libdevice.mul_rn(y, c), libdevice.mul_rn(yp, sn)
+        else:
+            a, b = y * c, yp * sn
+        a, b = round_to_dtype(a, X_BF16, ON_GPU, DT), round_to_dtype(b, X_BF16, ON_GPU, DT)
+        y = tl.where((cols < R)[None, :], a + b, y)
     y_ptrs = y_ptr + rows64[:, None] * N + cols[None, :]
     if X_BF16:
         tl.store(y_ptrs, bf16_bits(y), mask=mask)
@@ -69,10 +96,12 @@ def _rows(t: Tensor) -> tuple[Tensor, int]:
 
 
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, z: Tensor | None = None,
-                    residual: Tensor | None = None, out_sum: Tensor | None = None, plain: bool = False) -> Tensor:
+                    residual: Tensor | None = None, out_sum: Tensor | None = None, plain: bool = False,
+                    cos: Tensor | None = None, sin: Tensor | None = None) -> Tensor:
     """``rms_norm_reference`` (z None), ``plain_rms_norm_reference`` (``plain``, offset unused) or
     ``gated_rms_norm_reference`` (z given) in one launch. With ``residual`` (not with z):
-    ``out_sum = x + residual`` is written and the norm is of that sum."""
+    ``out_sum = x + residual`` is written and the norm is of that sum. With cos, sin [..., R] (x [..., H, N],
+    neither z nor residual): ``rms_norm_rope_reference``, the rotary embedding of the norm's first R channels."""
     N = x.shape[-1]
     if N > MAX_WIDTH or weight.shape != (N,) or any(t is not None and t.shape != x.shape for t in (z, residual)):
         raise OcriaError(f"rms_norm kernel: x {tuple(x.shape)}, weight {tuple(weight.shape)}"
@@ -85,6 +114,13 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
     if x.dtype not in (torch.bfloat16, torch.float32) or (residual is not None and residual.dtype != x.dtype):
         raise OcriaError(f"rms_norm kernel: x (and residual) must be bf16 or fp32 of one dtype, got {x.dtype}"
                          f"{'' if residual is None else f' and {residual.dtype}'}")
+    rope = cos is not None
+    if rope and (z is not None or residual is not None or sin is None or cos.shape != sin.shape
+                 or x.dim() < 2 or cos.shape[:-1] != x.shape[:-2] or cos.shape[-1] % 2 or cos.shape[-1] > N
+                 or cos.dtype != x.dtype or sin.dtype != x.dtype):
+        raise OcriaError(f"rms_norm kernel: rope needs x [..., H, N] and cos, sin [..., R] of x's dtype with an even "
+                         f"R <= N, got x {tuple(x.shape)} {x.dtype}, cos {tuple(cos.shape)} {cos.dtype}"
+                         f"{'' if sin is None else f', sin {tuple(sin.shape)}'}")
     x2, sx = _rows(x)
     z2, sz = _rows(z) if z is not None else (x2, sx)
     r2, sr = _rows(residual) if residual is not None else (x2, sx)
@@ -95,10 +131,12 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
         return y
     BN = triton.next_power_of_2(N)
     rows = max(1, min(16, 4096 // BN))
+    cs = (cos.contiguous(), sin.contiguous()) if rope else (x2, x2)
     _rms_norm_kernel[(triton.cdiv(M, rows),)](
-        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s)), M, N, sx, sz, sr, eps, offset,
-        PLAIN=plain, GATED=z is not None, RESIDUAL=residual is not None, X_BF16=x.dtype == torch.bfloat16,
-        W_BF16=weight.dtype == torch.bfloat16,
+        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s, *cs)), M, N, sx, sz, sr, eps, offset,
+        x.shape[-2] if rope else 1, cos.shape[-1] if rope else 0,
+        PLAIN=plain or z is not None, GATED=z is not None, RESIDUAL=residual is not None, ROPE=rope,
+        X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
         DT=tl.float32, ROWS=rows, BN=BN,
     )  # fmt: skip

@@ -1,5 +1,6 @@
 """``torch.library`` operators ``ocria::rms_norm``, ``ocria::add_rms_norm``, ``ocria::plain_rms_norm``,
-``ocria::add_plain_rms_norm``, ``ocria::gated_rms_norm`` and the functions the model's norm layers call.
+``ocria::add_plain_rms_norm``, ``ocria::rms_norm_rope``, ``ocria::gated_rms_norm`` and the functions the model's
+norm layers call.
 ``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the reference elsewhere).
 The kernel has no backward: under autograd (training) the reference runs."""
 
@@ -13,6 +14,7 @@ from ocria.plugins.rms_norm.reference import (
     gated_rms_norm_reference,
     plain_rms_norm_reference,
     rms_norm_reference,
+    rms_norm_rope_reference,
 )
 from ocria.plugins.switch import kernel_enabled
 
@@ -37,6 +39,12 @@ def _plain_rms_norm_op(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def _add_plain_rms_norm_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     out_sum = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return out_sum, rms_norm_triton(x, weight, eps, residual=residual, out_sum=out_sum, plain=True)
+
+
+@torch.library.custom_op("ocria::rms_norm_rope", mutates_args=())
+def _rms_norm_rope_op(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, offset: float,
+                      plain: bool) -> Tensor:
+    return rms_norm_triton(x, weight, eps, offset, plain=plain, cos=cos, sin=sin)
 
 
 @torch.library.custom_op("ocria::gated_rms_norm", mutates_args=())
@@ -64,6 +72,11 @@ def _(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty_like(x, memory_format=torch.contiguous_format))
+
+
+@_rms_norm_rope_op.register_fake
+def _(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, offset: float, plain: bool) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 @_gated_rms_norm_op.register_fake
@@ -109,6 +122,18 @@ def add_plain_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
             and _use_kernel(x, (residual, weight), use_kernel)):
         return torch.ops.ocria.add_plain_rms_norm(x, residual, weight, eps)
     return add_plain_rms_norm_reference(x, residual, weight, eps)
+
+
+def rms_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, offset: float = 0.0,
+                  plain: bool = False, use_kernel: bool | None = None) -> Tensor:
+    """An attention's q/k norm and its rotary embedding in one launch (eagerly ~10 kernels): x [..., H, D],
+    cos, sin [..., R]; the norm is the plain chain (``plain``) or ``norm(x) * (offset + w)``. See
+    ``reference.rms_norm_rope_reference``. Mixed dtypes (cos/sin or the plain product not in x's): the reference."""
+    same = cos.dtype == x.dtype and sin.dtype == x.dtype
+    if (same and (not plain or torch.promote_types(weight.dtype, x.dtype) == x.dtype)
+            and _use_kernel(x, (weight, cos, sin), use_kernel)):
+        return torch.ops.ocria.rms_norm_rope(x, weight, cos, sin, eps, offset, plain)
+    return rms_norm_rope_reference(x, weight, cos, sin, eps, offset, plain)
 
 
 def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel: bool | None = None) -> Tensor:

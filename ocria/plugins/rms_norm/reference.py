@@ -4,6 +4,7 @@ Eagerly each is several kernels (casts, ``1 + w``, the norm, the gate); the deco
 four to five norms per layer, so they are a large share of its launches.
 """
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -36,3 +37,20 @@ def gated_rms_norm_reference(x: Tensor, z: Tensor, weight: Tensor, eps: float) -
     """GDN output norm ``w * norm(x) * silu(z)``, rounded where the model rounds: the norm to x's dtype,
     its product with w to their common dtype, the gated result to x's dtype."""
     return (plain_rms_norm_reference(x, weight, eps) * F.silu(z.float())).to(x.dtype)
+
+
+def rotary_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [..., H, D] rotated on its first R channels by cos, sin [..., R] (one row per token, shared by its H
+    heads), op by op as the models' eager rotary: ``x * cos + rotate_half(x) * sin``, the rest passing through."""
+    R = cos.shape[-1]
+    cos, sin = cos[..., None, :], sin[..., None, :]
+    x_rot, x_pass = x[..., :R], x[..., R:]
+    x1, x2 = x_rot.chunk(2, dim=-1)
+    return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+def rms_norm_rope_reference(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, offset: float,
+                            plain: bool) -> Tensor:
+    """An attention's q/k norm (plain, or ``* (offset + w)``) followed by its rotary embedding."""
+    normed = plain_rms_norm_reference(x, weight, eps) if plain else rms_norm_reference(x, weight, eps, offset)
+    return rotary_reference(normed, cos, sin)
