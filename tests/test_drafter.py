@@ -174,3 +174,16 @@ def test_plugin_path_matches_reference_path(dtype):
     tol = 1e-5 if dtype == torch.float32 else 0.0
     for got, want in zip(out[True], out[False]):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_cached_rope_is_the_computed_rope():
+    """The per-cache-length cos/sin table gathers exactly what the per-call computation gives."""
+    from ocria.builder.presets import load_preset, random_models
+
+    _, drafter = random_models(load_preset("ocria-mini"), "cpu", torch.float32)
+    dc = drafter.config
+    cache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, 2, 300, torch.float32)
+    pos = torch.tensor([[0, 1, 2], [297, 298, 299]])
+    for dtype in (torch.float32, torch.bfloat16):
+        got, want = drafter._cached_rope(pos, dtype, cache), drafter._rope(pos, dtype)
+        assert all(torch.equal(g, w) and g.dtype == dtype for g, w in zip(got, want))

@@ -20,6 +20,7 @@ Tensors of one drafting call (batch B, block size Bs, drafter hidden H, n = len(
   ``conf >= selector_threshold`` (acceptance is capped there; it never changes which tokens win).
 """
 
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -53,6 +54,15 @@ class DrafterNorm(RMSNorm):
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """``apply_rotary(norm(x), cos[:, :, None], sin[:, :, None])`` for x [B, T, H, D], cos, sin [B, T, D]."""
         return rms_norm_rope(x, self.weight, cos, sin, self.eps, plain=True, use_kernel=self.use_kernel)
+
+
+@lru_cache(maxsize=16)
+def rope_table(head_dim: int, theta: float, length: int, dtype: torch.dtype, device: str) -> Tensor:
+    """cos, sin [2, length, head_dim] of positions 0 .. length-1, made once per cache length by the same
+    elementwise ops as ``rope_cos_sin``: gathering its rows gives that function's values in one launch
+    (instead of seven per call), and a captured CUDA graph only reads it."""
+    positions = torch.arange(length, device=device)
+    return torch.stack(rope_cos_sin(positions, inverse_frequencies(head_dim, theta, device), dtype))
 
 
 def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, pos: Tensor) -> None:
@@ -155,11 +165,17 @@ class DFlash2Drafter(nn.Module):
         inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, str(positions.device))
         return rope_cos_sin(positions, inv_freq, dtype)
 
+    def _cached_rope(self, positions: Tensor, dtype: torch.dtype, cache: DrafterCache) -> tuple[Tensor, Tensor]:
+        """``_rope`` for positions inside the cache, gathered from ``rope_table``."""
+        cs = rope_table(self.config.head_dim, self.config.rope_theta, cache.k[0].shape[2], dtype,
+                        str(positions.device))[:, positions]
+        return cs[0], cs[1]
+
     def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor) -> None:
         """KV-inject the first ``counts[b]`` of feats [B, C, n*H] after each slot's context."""
         ctx = self.hidden_norm(self.fc(feats))
         pos = cache.ctx_len[slots].long()[:, None] + torch.arange(feats.shape[1], device=feats.device)
-        cos, sin = self._rope(pos, ctx.dtype)
+        cos, sin = self._cached_rope(pos, ctx.dtype, cache)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
             write_kv(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin), slots, pos)
         cache.ctx_len[slots] += counts.to(torch.int32)
@@ -177,7 +193,7 @@ class DFlash2Drafter(nn.Module):
         x = self.embed_tokens(ids)
         start = cache.ctx_len[slots]
         pos = start.long()[:, None] + torch.arange(Bs, device=x.device)
-        cos, sin = self._rope(pos, x.dtype)
+        cos, sin = self._cached_rope(pos, x.dtype, cache)
         attn_len = attn_len or cache.k[0].shape[2]
         delta = None
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
