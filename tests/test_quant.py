@@ -338,22 +338,36 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
                 wq = getattr(module, "weight_quantizer", None)
                 if wq is not None and wq.is_enabled:
                     module.weight.copy_(exported[name].dequantized_weight(torch.float32))
+    calls: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    hooks = [module.register_forward_hook(lambda m, i, o, name=name: calls.setdefault(name, []).append((i[0], o)))
+             for name, module in reference.named_modules()
+             if getattr(getattr(module, "weight_quantizer", None), "is_enabled", False)]
     _, fake = run_document(reference, samples[0].prompt, 4, forced=bf16_tokens)
+    for hook in hooks:
+        hook.remove()
     _, ours = run_document(loaded, samples[0].prompt, 4, forced=bf16_tokens)
     prescaled = [m for m in loaded.modules() if isinstance(m, PreScaledLinear)]
     assert bool(prescaled) == (algorithm == "awq_lite")
     quant_error = (fake - bf16_logits).abs().max()
     assert quant_error > 0
-    err = (ours - fake).abs().max()
+    # End to end the two agree only to a fraction of the quantization error: wherever an FP8 activation
+    # sits within float rounding of a code boundary, the two round it to neighbouring codes, and the
+    # random layers amplify each flip (1e-7 -> 6e-3 in one prefill row of layer 1, 14% at layer 7 here).
+    # AWQ adds flipped weight codes (ModelOpt's exporter recomputes the scaled weight's amax one ulp away).
+    assert (ours - fake).abs().max() < 0.25 * quant_error
     if algorithm == "max":
-        # The executor is ModelOpt's quantized model to float rounding, layer by layer, until an FP8
-        # activation sits within that rounding of a code boundary and flips (seen in layer 4 of 8 here,
-        # 1e-5 -> 5e-4, then amplified by the random layers to ~1% of the quantization error)
-        assert err < 0.05 * quant_error
-    else:
-        # ModelOpt's exporter recomputes the amax of the AWQ-scaled weight one ulp away from its fake
-        # quantizer's, which flips a few E4M3 codes; without pre_quant_scale the error is ~10x quant_error
-        assert err < 0.25 * quant_error
+        # So the execution is checked linear by linear on ModelOpt's own inputs: every output row equals
+        # ModelOpt's to float rounding except rows that hold a flipped activation code (rare).
+        executors = {n: m for n, m in loaded.named_modules() if hasattr(m, "dequantized_weight")}
+        rows = flipped = 0
+        with torch.no_grad():
+            for name, pairs in calls.items():
+                for x, want in pairs:
+                    got = executors[name](x)
+                    off = (got - want).abs().amax(-1) > 1e-4 * want.abs().amax().clamp_min(1e-6)
+                    rows, flipped = rows + off.numel(), flipped + int(off.sum())
+        assert len(calls) == len(hooks) and set(calls) <= set(executors) and rows > 1000  # every quantized linear
+        assert flipped <= 0.01 * rows, f"{flipped} of {rows} linear output rows differ from ModelOpt's"
 
 
 def test_awq_lite_with_nvfp4_on_cpu_falls_back_to_max(tmp_path):
