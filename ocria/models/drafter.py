@@ -65,10 +65,15 @@ def rope_table(head_dim: int, theta: float, length: int, dtype: torch.dtype, dev
     return torch.stack(rope_cos_sin(positions, inverse_frequencies(head_dim, theta, device), dtype))
 
 
-def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, pos: Tensor) -> None:
-    """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at sequence indices pos [B, T] of slots [B] (pos is
-    computed once per call, for the RoPE and every layer's write)."""
-    rows = slots.long()[:, None].expand_as(pos)
+def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
+    """(slot, sequence index) [B, T] of a call's T tokens written after ``start`` [B]: computed once per call,
+    for the RoPE and every layer's cache write."""
+    pos = start.long()[:, None] + torch.arange(T, device=start.device)
+    return slots.long()[:, None].expand_as(pos), pos
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor) -> None:
+    """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at ``cache_index``'s rows and positions."""
     k_cache[rows, :, pos] = k.to(k_cache.dtype)
     v_cache[rows, :, pos] = v.to(v_cache.dtype)
 
@@ -106,7 +111,8 @@ class DrafterLayer(nn.Module):
                                         groups=cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                slots: Tensor, ctx_len: Tensor, pos: Tensor, attn_len: int) -> tuple[Tensor, Tensor]:
+                slots: Tensor, ctx_len: Tensor, index: tuple[Tensor, Tensor], attn_len: int
+                ) -> tuple[Tensor, Tensor]:
         """The layer's input is ``x + delta`` (delta None: x); returns its output as ``(x', delta')``, the MLP's
         residual add left to the next norm, which fuses it (as the target's decoder layers)."""
         if hasattr(self, "local_conv"):  # x + conv(x): the conv's residual add is fused into the input norm
@@ -120,7 +126,7 @@ class DrafterLayer(nn.Module):
         B, T, _ = x.shape
         q = attn.q_norm.rope(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim), cos, sin)
         k, v = attn.kv(h, cos, sin)
-        write_kv(k_cache, v_cache, k, v, slots, pos)
+        write_kv(k_cache, v_cache, k, v, *index)
         o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
                              attn.head_dim**-0.5, causal_block=False, use_kernel=attn.use_kernel)
         x, h = self.post_attention_layernorm.add(attn.o_proj(o.transpose(1, 2).reshape(B, T, -1)), x)
@@ -174,10 +180,10 @@ class DFlash2Drafter(nn.Module):
     def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor) -> None:
         """KV-inject the first ``counts[b]`` of feats [B, C, n*H] after each slot's context."""
         ctx = self.hidden_norm(self.fc(feats))
-        pos = cache.ctx_len[slots].long()[:, None] + torch.arange(feats.shape[1], device=feats.device)
+        rows, pos = cache_index(slots, cache.ctx_len[slots], feats.shape[1])
         cos, sin = self._cached_rope(pos, ctx.dtype, cache)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            write_kv(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin), slots, pos)
+            write_kv(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin), rows, pos)
         cache.ctx_len[slots] += counts.to(torch.int32)
 
     def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
@@ -192,12 +198,12 @@ class DFlash2Drafter(nn.Module):
         ids[:, 0] = last_tokens
         x = self.embed_tokens(ids)
         start = cache.ctx_len[slots]
-        pos = start.long()[:, None] + torch.arange(Bs, device=x.device)
-        cos, sin = self._cached_rope(pos, x.dtype, cache)
+        index = cache_index(slots, start, Bs)
+        cos, sin = self._cached_rope(index[1], x.dtype, cache)
         attn_len = attn_len or cache.k[0].shape[2]
         delta = None
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            x, delta = layer(x, delta, cos, sin, k_cache, v_cache, slots, start, pos, attn_len)
+            x, delta = layer(x, delta, cos, sin, k_cache, v_cache, slots, start, index, attn_len)
         out = self.norm.add(x, delta)[1][:, 1:]
         conf = torch.sigmoid(self.selector_head(out).float())[..., 0] if self.config.selector_head else None
         return self.lm_head(out), conf
