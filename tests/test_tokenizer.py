@@ -91,8 +91,8 @@ def test_image_processor_loads_and_counts_tokens():
         assert (t, gh * 16, gw * 16) == (1, h, w), "aligned images must not be resized"
         assert out["pixel_values"].shape == (gh * gw, 3 * 2 * 16 * 16)
         assert gh * gw // 4 <= 256
-        # first row = top-left 16x16 patch, (channel, time, y, x), scaled to [-1, 1] by mean = std = 0.5
-        first = np.asarray(img.convert("RGB"), dtype=np.float32)[:16, :16].transpose(2, 0, 1) / 127.5 - 1.0
+        # first row = top-left 16x16 patch, (channel, time, y, x), scaled by mean 1 (white = 0), std 0.5
+        first = np.asarray(img.convert("RGB"), dtype=np.float32)[:16, :16].transpose(2, 0, 1) / 127.5 - 2.0
         expected = np.broadcast_to(first[:, None], (3, 2, 16, 16)).reshape(-1)
         np.testing.assert_allclose(out["pixel_values"][0], expected, atol=1e-5)
     big = Image.new("RGB", (1024, 1024), "white")
