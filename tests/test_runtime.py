@@ -23,7 +23,9 @@ def engine(tmp_path_factory):
 
 class NoisyOracle:
     """Wraps the real drafter (which still runs) and replaces its proposals: each drafted token is the
-    true continuation with probability ``p``, else random. Exercises every acceptance length."""
+    true continuation with probability ``p``, else random. Exercises every acceptance length. The
+    selector's confidences are replaced by uniform draws too (a random selector's own are noise, and
+    may sit on one side of any threshold), so a threshold cuts drafts at every length."""
 
     def __init__(self, real, sched, refs: dict[int, list[int]], p: float, seed: int):
         self.real, self.sched, self.refs, self.p = real, sched, refs, p
@@ -44,6 +46,9 @@ class NoisyOracle:
                 tok = ref[base + j] if good else self.rng.randrange(vocab)
                 logits[i, j] = float("-inf")
                 logits[i, j, tok] = 0.0
+        if conf is not None:
+            conf = torch.tensor([[self.rng.random() for _ in range(conf.shape[1])] for _ in range(conf.shape[0])],
+                                dtype=conf.dtype, device=conf.device)
         return logits, conf
 
 

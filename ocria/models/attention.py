@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
-from ocria.models.layers import ZeroCenteredRMSNorm, apply_rotary, project
+from ocria.models.layers import ZeroCenteredRMSNorm, project
 from ocria.plugins.decode_attention import decode_attention
 
 
@@ -39,9 +39,8 @@ class GatedAttention(nn.Module):
         B, T, _ = x.shape
         q, k, v = project(self, x, ("q_proj", "k_proj", "v_proj"))
         q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = apply_rotary(self.q_norm(q), cos[:, :, None], sin[:, :, None])
-        k = self.k_norm(k.reshape(B, T, self.num_kv_heads, self.head_dim))
-        k = apply_rotary(k, cos[:, :, None], sin[:, :, None])
+        q = self.q_norm.rope(q, cos, sin)
+        k = self.k_norm.rope(k.reshape(B, T, self.num_kv_heads, self.head_dim), cos, sin)
         v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
         scale = self.head_dim**-0.5
         if cache is None:

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm
+from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm, rms_norm_rope
+from ocria.plugins.rms_norm.reference import apply_rotary  # noqa: F401  (the models' rotary, used by vision and training)
 from ocria.plugins.silu_quant import silu_mul_quant
 
 
@@ -28,6 +29,11 @@ class ZeroCenteredRMSNorm(nn.Module):
         if residual is None:
             return x, self(x)
         return add_rms_norm(x, residual, self.weight, self.eps, 1.0, use_kernel=self.use_kernel)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """An attention's q/k norm then its rotary embedding, x [B, T, H, D], cos/sin [B, T, R]: one launch
+        with the kernel, ``apply_rotary(norm(x), ...)`` bit for bit otherwise."""
+        return rms_norm_rope(x, self.weight, cos, sin, self.eps, 1.0, use_kernel=self.use_kernel)
 
 
 class RMSNorm(nn.Module):
@@ -107,18 +113,6 @@ class SwiGLU(nn.Module):
         # inference: one gate/up GEMM, then SiLU-multiply in one pass (same two roundings as above)
         h, _ = silu_mul_quant(F.linear(x, fused[0]), "bf16", use_kernel=self.use_kernel)
         return self.down_proj(h)
-
-
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the first ``cos.shape[-1]`` channels of x (partial rotary); the rest pass through."""
-    d = cos.shape[-1]
-    x_rot, x_pass = x[..., :d], x[..., d:]
-    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
 
 
 @lru_cache(maxsize=64)

@@ -39,14 +39,18 @@ def gated_rms_norm_reference(x: Tensor, z: Tensor, weight: Tensor, eps: float) -
     return (plain_rms_norm_reference(x, weight, eps) * F.silu(z.float())).to(x.dtype)
 
 
-def rotary_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [..., H, D] rotated on its first R channels by cos, sin [..., R] (one row per token, shared by its H
-    heads), op by op as the models' eager rotary: ``x * cos + rotate_half(x) * sin``, the rest passing through."""
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """The models' eager rotary embedding: ``x * cos + rotate_half(x) * sin`` on the first
+    ``cos.shape[-1]`` channels of x (partial rotary; cos, sin broadcast over x), the rest passing through."""
     R = cos.shape[-1]
-    cos, sin = cos[..., None, :], sin[..., None, :]
     x_rot, x_pass = x[..., :R], x[..., R:]
     x1, x2 = x_rot.chunk(2, dim=-1)
     return torch.cat((x_rot * cos + torch.cat((-x2, x1), dim=-1) * sin, x_pass), dim=-1)
+
+
+def rotary_reference(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [..., H, D] rotated by cos, sin [..., R]: one row per token, shared by its H heads."""
+    return apply_rotary(x, cos[..., None, :], sin[..., None, :])
 
 
 def rms_norm_rope_reference(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: float, offset: float,
