@@ -6,8 +6,8 @@
 # Between calls, replace .train with the returned $OUT/train and carry it: run(carry=[".train"]).
 # Repeat until `python -m ocria.train status --state .train` says stage "done", then
 # `python -m ocria.train ship --state .train` copies target/ and drafter/ into ocria/assets/ocria-mini.
-# The defaults (ocria/train/run.py TrainConfig) are the plan for ~3 calls: 5600 target steps, the first
-# 3500 on single lines, then the drafter, its local-conv-off ablation and the held-out evaluation.
+# The defaults (ocria/train/run.py TrainConfig) are the plan for ~3 calls: 5600 target steps on every
+# document kind, then the drafter, its local-conv-off ablation and the held-out evaluation.
 # Extra arguments go to `python -m ocria.train run` (e.g. --set ablation_steps=0 when time is short).
 set -euo pipefail
 cd "$(dirname "$0")/.."
