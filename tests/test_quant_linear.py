@@ -118,6 +118,17 @@ def test_fp8_dynamic_layer_without_input_scale():
     torch.testing.assert_close(layer(x), expect, rtol=0, atol=0)
 
 
+def test_fp8_row_scale_for_scaled_mm_is_made_once():
+    """Per-token activations need the weight scale as a [1, N] row: per-tensor and per-channel give the
+    same row values, built on the first call and reused (no expand-and-copy kernel per step)."""
+    w = torch.randn(24, 32) * 0.1
+    per_tensor = QuantLinear("fp8", nx.quantize_fp8(w, torch.tensor([0.01])), weight_scale=torch.tensor([0.01]))
+    per_channel = QuantLinear("fp8", nx.quantize_fp8(w, torch.tensor([0.01])), weight_scale=torch.full((24,), 0.01))
+    row = per_tensor._row_weight_scale()
+    assert row.shape == (1, 24) and row.is_contiguous() and per_tensor._row_weight_scale() is row
+    assert torch.equal(row, per_channel._row_weight_scale())
+
+
 def test_concat_fp8_with_different_scales_equals_separate_layers():
     torch.manual_seed(4)
     layers = []

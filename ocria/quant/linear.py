@@ -69,6 +69,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_scale_2", None if weight_scale_2 is None else weight_scale_2.float().reshape(()))
         self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
         self._dequantized: Tensor | None = None
+        self._row_scale: Tensor | None = None
         self.use_kernel: bool | None = None
 
     @staticmethod
@@ -148,6 +149,13 @@ class QuantLinear(nn.Module):
             self._dequantized = self.dequantized_weight(dtype)
         return self._dequantized
 
+    def _row_weight_scale(self) -> Tensor:
+        """The weight scales as the [1, N] row ``_scaled_mm`` takes with per-token activation scales, made
+        once: expanding a per-tensor scale and copying it on every call was one more kernel per layer."""
+        if self._row_scale is None or self._row_scale.device != self.weight_scale.device:
+            self._row_scale = self.weight_scale.float().expand(self.out_features).reshape(1, -1).contiguous()
+        return self._row_scale
+
     def forward(self, x: Tensor) -> Tensor:
         if self.fmt == "bf16":
             return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
@@ -177,11 +185,10 @@ class QuantLinear(nn.Module):
         rowwise = token_scales is not None or self.weight_scale.dim() == 1
         if rowwise:
             sa = token_scales.reshape(-1, 1) if token_scales is not None else self.input_scale.expand(q2.shape[0], 1)
-            sb = self.weight_scale.expand(self.out_features).reshape(1, -1)
+            sb = self._row_weight_scale()
         else:
             sa, sb = self.input_scale, self.weight_scale
-        y = torch._scaled_mm(q2, self.weight.t(), scale_a=sa.contiguous(), scale_b=sb.contiguous(),
-                             out_dtype=out_dtype)
+        y = torch._scaled_mm(q2, self.weight.t(), scale_a=sa.contiguous(), scale_b=sb, out_dtype=out_dtype)
         y = y.reshape(*lead, self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
