@@ -1,0 +1,139 @@
+"""Triton kernel for the decode GEMM ``x [M, K] @ weight[N, K].T`` with M <= 16 (a decode step of
+up to 16 rows, or a speculative verify block): one launch, no split-K.
+
+Why: at M = 1 cuBLAS picks split-K GEMV kernels plus a separate reduce kernel, and the pair streams
+the weights well below the copy bandwidth (bench/results/e2e_h200.json, ``profile_ar_b1``). Here each
+program owns BLOCK_N output columns for all rows and streams its [BLOCK_N, K] weight slab once, in
+[BLOCK_N, BLOCK_K] tiles contiguous along K (16-byte vector loads, pipelined ``num_stages`` deep), while
+the x tile [16, BLOCK_K] comes from L2. The product runs on the tensor cores (``tl.dot`` with the row
+dimension padded to 16): at M = 16 the CUDA cores would need 16 FMAs per weight element, more than
+they issue at HBM speed. ``SWAP`` computes the transposed product ``weight_tile @ x_tile.T`` so the
+weight tile is the MMA's A operand (the skinny-GEMM "swap AB" form).
+
+Batch invariance: the row tile is always 16 rows (padded, masked) and the configuration depends on
+(N, K) only, never on M, so every row runs the same instruction sequence and the same reduction order
+over K, and an MMA computes each output element from its own row alone. Row m's output is therefore
+bit-identical whether it is decoded alone (M = 1) or inside a 16-row verify block, whatever the other
+rows hold.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.runtime.interpreter import InterpretedFunction
+
+from ocria.errors import OcriaError
+from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
+
+MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
+BLOCK_M = 16
+
+
+@triton.jit(do_not_specialize=["M"])  # M = 1 runs the binary M = 16 runs: the same code for every row count
+def _decode_gemm_kernel(
+    x_ptr, w_ptr, b_ptr, o_ptr, M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mrow = rows < M
+    mcol = cols < N
+    x_base = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
+    w_base = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        mk = k < K
+        x = tl.load(x_base + k[None, :], mask=mrow[:, None] & mk[None, :], other=0)
+        w = tl.load(w_base + k[None, :], mask=mcol[:, None] & mk[None, :], other=0)
+        if AS_BITS:  # the interpreter has no bf16 arithmetic: exact bf16 -> fp32, IEEE fp32 products
+            x = widen(x, True)
+            w = widen(w, True)
+            if SWAP:
+                acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            if SWAP:
+                acc = tl.dot(w, tl.trans(x), acc)
+            else:
+                acc = tl.dot(x, tl.trans(w), acc)
+    if SWAP:
+        acc = tl.trans(acc)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols, mask=mcol, other=0)
+        acc = acc + (widen(bias, True) if AS_BITS else bias.to(tl.float32))[None, :]
+    o_ptrs = o_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    if AS_BITS:
+        tl.store(o_ptrs, bf16_bits(acc), mask=mrow[:, None] & mcol[None, :])
+    else:
+        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mrow[:, None] & mcol[None, :])
+
+
+def default_config(N: int, K: int) -> dict:
+    """Columns per program, K tile, warps, pipeline depth and operand order for a weight [N, K].
+    A function of the weight's shape only (never of M): that is what keeps rows batch invariant.
+    Narrow outputs take 16-column programs so that N / BLOCK_N still covers the GPU's SMs."""
+    block_n = 16 if N <= 4096 else 64
+    return {"block_n": block_n, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": block_n >= 64}
+
+
+def _kernel_for(device: torch.device):
+    """The compiled kernel on CUDA; on CPU the interpreter, which Triton only builds when
+    ``TRITON_INTERPRET=1`` was set before ``triton`` itself was imported."""
+    if device.type != "cuda" and not isinstance(_decode_gemm_kernel, InterpretedFunction):
+        raise OcriaError("decode_gemm kernel on CPU needs TRITON_INTERPRET=1 set before triton is imported")
+    return _decode_gemm_kernel
+
+
+def check_shapes(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
+    """The kernel's contract, as one-line errors: bf16, x [..., K] with at most MAX_M rows, weight [N, K]
+    with K and N multiples of 16, optional bias [N]."""
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or (bias is not None and bias.dtype != x.dtype):
+        raise OcriaError(f"decode_gemm kernel: bf16 only, got x {x.dtype}, weight {weight.dtype}"
+                         + (f", bias {bias.dtype}" if bias is not None else ""))
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise OcriaError(f"decode_gemm kernel: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not chain "
+                         "(weight [N, K], x [..., K])")
+    N, K = weight.shape
+    if K % 16 or N % 16:
+        raise OcriaError(f"decode_gemm kernel: weight [N={N}, K={K}]: N and K must be multiples of 16")
+    if x.numel() // max(K, 1) > MAX_M:
+        raise OcriaError(f"decode_gemm kernel: {x.numel() // K} rows, at most {MAX_M}")
+    if bias is not None and tuple(bias.shape) != (N,):
+        raise OcriaError(f"decode_gemm kernel: bias {tuple(bias.shape)}, expected ({N},)")
+
+
+def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, config: dict | None = None) -> Tensor:
+    """``x @ weight.T (+ bias)`` for x [..., K] with at most MAX_M rows, fp32 accumulation, one bf16
+    rounding; ``config`` (keys of ``default_config``) overrides the shape's default."""
+    check_shapes(x, weight, bias)
+    N, K = weight.shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)  # 2-D x keeps its row stride
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    M = x2.shape[0]
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if M == 0 or N == 0:
+        return out.reshape(*lead, N)
+    cfg = config or default_config(N, K)
+    # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
+    as_bits = x.device.type == "cpu"
+    x_, w_, out_ = (bf16_as_int16(t) if as_bits else t for t in (x2, weight, out))
+    b_ = bf16_as_int16(bias.contiguous()) if bias is not None and as_bits else bias
+    _kernel_for(x.device)[(triton.cdiv(N, cfg["block_n"]),)](
+        x_, w_, b_ if bias is not None else out_, out_, M, N, K, x2.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits,
+        BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )  # fmt: skip
+    return out.reshape(*lead, N)

@@ -1,0 +1,29 @@
+"""``torch.library`` operator ``ocria::decode_gemm`` and the function callers use. ``use_kernel`` is the
+plugins' switch (None: the Triton kernel on CUDA tensors, the reference elsewhere; True on CPU runs the
+kernel in Triton's interpreter); more than MAX_M rows (prefill) run the reference ``F.linear``."""
+
+import torch
+from torch import Tensor
+
+from ocria.plugins.decode_gemm.kernel import MAX_M, decode_gemm_triton
+from ocria.plugins.decode_gemm.reference import decode_gemm_reference
+from ocria.plugins.switch import kernel_enabled
+
+
+@torch.library.custom_op("ocria::decode_gemm", mutates_args=())
+def _decode_gemm_op(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    return decode_gemm_triton(x, weight, bias)
+
+
+@_decode_gemm_op.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kernel: bool | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)`` for x [..., K] bf16, weight [N, K]; up to MAX_M rows in one launch whose
+    rows are batch invariant (see ``kernel``), more rows through the reference."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if kernel_enabled(x.device, use_kernel, "decode_gemm") and rows <= MAX_M:
+        return torch.ops.ocria.decode_gemm(x, weight, bias)
+    return decode_gemm_reference(x, weight, bias)

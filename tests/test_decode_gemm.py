@@ -1,0 +1,133 @@
+"""Decode GEMM plugin: the Triton kernel (CPU interpreter) against the fp32 product rounded once to bf16
+and against ``F.linear``, both operand orders, bias, strided rows, batch invariance (a row's bits do not
+depend on the row count or on the other rows), the op's fake implementation and its shape errors."""
+
+import importlib
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest
+import torch
+
+from ocria.errors import OcriaError
+
+if "ocria.plugins.decode_gemm.kernel" in sys.modules:  # decorated earlier without the interpreter
+    importlib.reload(sys.modules["ocria.plugins.decode_gemm.kernel"])
+from ocria.plugins.decode_gemm import (  # noqa: E402
+    MAX_M,
+    decode_gemm,
+    decode_gemm_fp32,
+    decode_gemm_reference,
+    decode_gemm_triton,
+    default_config,
+)
+
+CONFIGS = {
+    "columns": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": False},
+    "swap_ab": {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3, "swap": True},
+}
+
+
+def _case(M=5, K=320, N=96, seed=0, bias=False):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(M, K, generator=g).to(torch.bfloat16)
+    w = (torch.randn(N, K, generator=g) * K**-0.5).to(torch.bfloat16)
+    b = torch.randn(N, generator=g).to(torch.bfloat16) if bias else None
+    return x, w, b
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in bf16 units in the last place (same-sign values; the tests' outputs are not near 0)."""
+    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs()
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=list(CONFIGS))
+@pytest.mark.parametrize("M,bias", [(1, False), (5, True), (16, False)])
+def test_kernel_matches_fp32_product_rounded_once(cfg, M, bias):
+    """K = 320 is not a multiple of either K tile: the last tile is masked."""
+    x, w, b = _case(M=M, bias=bias, seed=M)
+    got = decode_gemm_triton(x, w, b, config=CONFIGS[cfg])
+    want = decode_gemm_fp32(x, w, b)
+    assert got.shape == (M, 96) and got.dtype == torch.bfloat16
+    ulps = _ulps(got, want)
+    # fp32 sums in another order can cross a bf16 rounding boundary: at most 1 ulp, and rarely.
+    assert int(ulps.max()) <= 1 and float((ulps > 0).float().mean()) < 0.05
+    torch.testing.assert_close(got.float(), decode_gemm_reference(x, w, b).float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=list(CONFIGS))
+def test_rows_are_batch_invariant(cfg):
+    """A row gives the same bits alone (M = 1), among 5 or among 16 rows, in any position and whatever
+    the other rows hold."""
+    x, w, b = _case(M=16, bias=True, seed=7)
+    full = decode_gemm_triton(x, w, b, config=CONFIGS[cfg])
+    five = decode_gemm_triton(x[:5], w, b, config=CONFIGS[cfg])
+    assert torch.equal(five, full[:5])
+    for m in (0, 3, 11, 15):
+        assert torch.equal(decode_gemm_triton(x[m:m + 1], w, b, config=CONFIGS[cfg])[0], full[m])
+    other = x.clone()
+    other[1:] = torch.randn(15, x.shape[1]).to(torch.bfloat16) * 100
+    assert torch.equal(decode_gemm_triton(other, w, b, config=CONFIGS[cfg])[0], full[0])
+    assert torch.equal(decode_gemm_triton(x.flip(0), w, b, config=CONFIGS[cfg]).flip(0), full)
+
+
+def test_default_config_depends_on_the_weight_only_and_covers_the_columns():
+    x, w, _ = _case(M=16, K=64, N=4128, seed=2)  # N > 4096: the wide-output config
+    got = decode_gemm(x, w, use_kernel=True)
+    assert int(_ulps(got, decode_gemm_fp32(x, w)).max()) <= 1
+    assert torch.equal(decode_gemm(x[9:10], w, use_kernel=True)[0], got[9])
+    assert default_config(4128, 64) != default_config(2048, 64)
+
+
+def test_strided_rows_and_leading_dims():
+    x, w, b = _case(M=6, K=128, N=48, seed=3, bias=True)
+    wide = torch.zeros(6, 200, dtype=torch.bfloat16)
+    wide[:, 40:168] = x
+    strided = wide[:, 40:168]  # row stride 200, not K
+    assert strided.stride(0) == 200
+    want = decode_gemm(x, w, b, use_kernel=True)
+    assert torch.equal(decode_gemm(strided, w, b, use_kernel=True), want)
+    assert torch.equal(decode_gemm(x.reshape(2, 3, 128), w, b, use_kernel=True), want.reshape(2, 3, 48))
+
+
+def test_more_rows_take_the_reference_and_the_switch_off_is_f_linear():
+    x, w, b = _case(M=MAX_M + 1, K=64, N=32, seed=4, bias=True)
+    assert torch.equal(decode_gemm(x, w, b, use_kernel=True), decode_gemm_reference(x, w, b))
+    assert torch.equal(decode_gemm(x[:4], w, b, use_kernel=False), decode_gemm_reference(x[:4], w, b))
+    assert torch.equal(decode_gemm(x[:4], w, b), decode_gemm_reference(x[:4], w, b))  # None on CPU: reference
+
+
+def test_empty_rows():
+    _, w, _ = _case(K=64, N=32)
+    assert decode_gemm(torch.empty(0, 64, dtype=torch.bfloat16), w, use_kernel=True).shape == (0, 32)
+
+
+@pytest.mark.parametrize("K,N,dtype,bias_shape,rows,match", [
+    (72, 32, torch.bfloat16, None, 2, "multiples of 16"),
+    (64, 40, torch.bfloat16, None, 2, "multiples of 16"),
+    (64, 32, torch.float32, None, 2, "bf16 only"),
+    (64, 32, torch.bfloat16, (31,), 2, "bias"),
+    (64, 32, torch.bfloat16, None, 17, "at most 16"),
+])  # fmt: skip
+def test_bad_shapes_are_refused(K, N, dtype, bias_shape, rows, match):
+    x = torch.randn(rows, K).to(dtype)
+    w = torch.randn(N, K).to(dtype)
+    b = torch.randn(bias_shape).to(dtype) if bias_shape else None
+    with pytest.raises(OcriaError, match=match):
+        decode_gemm_triton(x, w, b)
+    with pytest.raises(OcriaError, match="do not chain"):
+        decode_gemm_triton(torch.randn(2, 48).to(torch.bfloat16), torch.randn(32, 64).to(torch.bfloat16))
+
+
+def test_op_registration_and_fake():
+    x, w, b = _case(M=3, K=64, N=32, seed=5, bias=True)
+    torch.library.opcheck(torch.ops.ocria.decode_gemm.default, (x, w, b))
+    torch.library.opcheck(torch.ops.ocria.decode_gemm.default, (x, w, None))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x3 = x.reshape(1, 3, 64)
+    with FakeTensorMode() as mode:
+        out = torch.ops.ocria.decode_gemm(mode.from_tensor(x3), mode.from_tensor(w), None)
+    assert out.shape == (1, 3, 32) and out.dtype == torch.bfloat16
