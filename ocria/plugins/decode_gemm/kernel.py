@@ -68,7 +68,10 @@ def _decode_gemm_kernel(
         acc = tl.trans(acc)
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols, mask=mcol, other=0)
-        acc = acc + (widen(bias, True) if AS_BITS else bias.to(tl.float32))[None, :]
+        if AS_BITS:
+            acc = acc + widen(bias, True)[None, :]
+        else:
+            acc = acc + bias.to(tl.float32)[None, :]
     o_ptrs = o_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
     if AS_BITS:
         tl.store(o_ptrs, bf16_bits(acc), mask=mrow[:, None] & mcol[None, :])
