@@ -7,7 +7,7 @@ import torch
 
 from ocria.errors import OcriaError
 
-KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention")
+KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
 
 
