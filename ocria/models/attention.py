@@ -10,10 +10,15 @@ from ocria.models.layers import ZeroCenteredRMSNorm, project
 from ocria.plugins.decode_attention import decode_attention
 
 
-def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor, start: Tensor) -> None:
-    """Write k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at positions start[b] + t of slot slots[b]."""
-    pos = start.long()[:, None] + torch.arange(k.shape[1], device=k.device)[None, :]
-    rows = slots.long()[:, None].expand_as(pos)
+def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
+    """(slot, sequence index) [B, T] of a call's T tokens written after ``start`` [B]: computed once per
+    call when several layers write (the drafter), for the RoPE and every layer's cache write."""
+    pos = start.long()[:, None] + torch.arange(T, device=start.device)
+    return slots.long()[:, None].expand_as(pos), pos
+
+
+def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor) -> None:
+    """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at ``cache_index``'s rows and positions."""
     k_cache[rows, :, pos] = k.to(k_cache.dtype)
     v_cache[rows, :, pos] = v.to(v_cache.dtype)
 
@@ -51,7 +56,7 @@ class GatedAttention(nn.Module):
         else:
             i = self.cache_index
             start = cache.kv_len[slots]
-            write_kv(cache.k[i], cache.v[i], k, v, slots, start)
+            write_kv(cache.k[i], cache.v[i], k, v, *cache_index(slots, start, T))
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
                                  attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.errors import ConfigError
+from ocria.models.attention import cache_index, write_kv
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
@@ -63,19 +64,6 @@ def rope_table(head_dim: int, theta: float, length: int, dtype: torch.dtype, dev
     (instead of seven per call), and a captured CUDA graph only reads it."""
     positions = torch.arange(length, device=device)
     return torch.stack(rope_cos_sin(positions, inverse_frequencies(head_dim, theta, device), dtype))
-
-
-def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
-    """(slot, sequence index) [B, T] of a call's T tokens written after ``start`` [B]: computed once per call,
-    for the RoPE and every layer's cache write."""
-    pos = start.long()[:, None] + torch.arange(T, device=start.device)
-    return slots.long()[:, None].expand_as(pos), pos
-
-
-def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor) -> None:
-    """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at ``cache_index``'s rows and positions."""
-    k_cache[rows, :, pos] = k.to(k_cache.dtype)
-    v_cache[rows, :, pos] = v.to(v_cache.dtype)
 
 
 class DrafterAttention(nn.Module):
