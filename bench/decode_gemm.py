@@ -21,16 +21,14 @@ CPU smoke run (Triton interpreter, shapes shrunk 64x, checks only, no timing):
 import argparse
 import datetime
 import json
-import os
 import shlex
-import statistics
 import sys
 import time
 from functools import partial
 
 import torch
 import torch.nn.functional as F
-from timing import time_calls
+from timing import copy_bandwidth, save_json, time_calls
 
 from ocria.builder.presets import load_preset
 from ocria.plugins.decode_gemm import decode_gemm_fp32, decode_gemm_triton, default_config
@@ -69,24 +67,6 @@ def shapes(preset: str, shrink: int) -> list[dict]:
 def _shrunk(v: int, shrink: int) -> int:
     """v / shrink, kept a multiple of 16 (the kernel's contract)."""
     return max(16, v // shrink // 16 * 16)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a 2 GiB device-to-device copy (read + write), median of 10 after warm-up."""
-    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        y.copy_(x)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del x, y
-    return 2 * (2 << 30) / statistics.median(times)
 
 
 def ulp_stats(got: torch.Tensor, want: torch.Tensor) -> tuple[int, float]:
@@ -180,7 +160,7 @@ def main() -> None:
                       f"{m['speedup']:5.2f}  {m['best']}", flush=True)
         else:
             print(f"{r['name']:13s} {r['N']:6d} {r['K']:5d} checks ok={r['ok']}", flush=True)
-        save(result, args.out)
+        save_json(result, args.out)
     if timed:  # one configuration per shape, fixed over M
         result["step"] = {}
         for M in map(str, ROWS):
@@ -194,17 +174,10 @@ def main() -> None:
                   f"ours {ours:.0f} µs ({step['ours_frac']:.2f})")
     result["ok"] = all(r["ok"] for r in rows)
     result["seconds"] = time.time() - t0
-    save(result, args.out)
+    save_json(result, args.out)
     print(json.dumps({"ok": result["ok"], "seconds": round(result["seconds"], 1)}))
     if not result["ok"]:
         sys.exit(1)
-
-
-def save(result: dict, path: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,9 @@ from ocria.runtime.decode import SamplingTensors, prefill
 from ocria.runtime.graphs import GraphDecoder
 from ocria.runtime.processor import Processor
 
+sys.path.insert(0, str(Path(__file__).parent))  # bench/timing.py, also when loaded by path (tests)
+from timing import copy_bandwidth  # noqa: E402
+
 
 class ForcedDrafter:
     """The real drafter runs; its proposals are replaced from an oracle table (graph-safe).
@@ -126,23 +129,6 @@ def check_table(table: torch.Tensor, start: int, tokens: list[list[int]]) -> tup
     report = [{"row": r, "compared": len(t), "first_divergence": first_mismatch(w, t)}
               for r, (w, t) in enumerate(zip(table_rows(table, start, tokens), tokens))]
     return all(x["first_divergence"] is None for x in report), report
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(10):
-        start.record()
-        y.copy_(x)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del x, y
-    return 2 * (2 << 30) / statistics.median(times)
 
 
 def param_bytes(module) -> int:

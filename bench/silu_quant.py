@@ -19,13 +19,12 @@ CPU smoke run of the correctness part and the timed closures (Triton interpreter
 import argparse
 import datetime
 import json
-import os
 import shlex
 import sys
 
 import torch
 import torch.nn.functional as F
-from timing import time_calls
+from timing import save_json, time_calls
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.silu_quant import quantize_act_reference, silu_mul_quant, silu_mul_quant_reference
@@ -212,21 +211,14 @@ def main() -> None:
                 print(f"{m:5d} {n:6d} {mode:12s} {fused:9.2f} {plain:9.2f} {floor:8.2f} {fused / floor:7.2f} "
                       f"{plain / fused:7.2f} {row['fused_GBps']:7.0f}")
             del xs
-        save(result, args.out)
+        save_json(result, args.out)
     big = [r for r in rows if r["tokens"] >= 1024]
     summary = {"max_x_floor_tokens_ge_1024": max(r["x_floor"] for r in big),
                "min_speedup_tokens_ge_1024": min(r["speedup_vs_unfused"] for r in big),
                "all_exact": all(c["mismatches"] == 0 for c in checks if not c["input"].endswith("_fast_expf"))}
     print(json.dumps(summary))
     result["summary"] = summary
-    save(result, args.out)
-
-
-def save(result: dict, path: str) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(path + ".tmp", path)
+    save_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""Shared GPU timing for the kernel benchmarks."""
+"""Shared GPU timing and result writing for the benchmarks."""
 
+import json
+import os
 import statistics
 
 import torch
@@ -30,3 +32,29 @@ def time_calls(fns: list, min_calls: int = 20, replays: int = 15) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(calls))
     return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a 2 GiB device-to-device copy (read + write), eager, median of 10 after warm-up."""
+    x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        y.copy_(x)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del x, y
+    return 2 * (2 << 30) / statistics.median(times)
+
+
+def save_json(result: dict, path: str) -> None:
+    """Write a result file whole or not at all (temp file, then rename): benches save after every row."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
