@@ -32,29 +32,8 @@ from ocria.models.attention import cache_index, write_kv
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
-from ocria.models.layers import RMSNorm, SwiGLU, fuse_linears, inverse_frequencies, rope_cos_sin
+from ocria.models.layers import RMSNorm, SwiGLU, fuse_linears, inverse_frequencies, rope_cos_sin, set_plugins
 from ocria.plugins.decode_attention import decode_attention
-from ocria.plugins.rms_norm import add_plain_rms_norm, plain_rms_norm, rms_norm_rope
-
-
-class DrafterNorm(RMSNorm):
-    """The plain RMSNorm through the plugin (one launch, the same rounding chain), with the residual add or
-    the rotary embedding that follows it fused."""
-
-    use_kernel: bool | None = None  # plugins switch: ocria::plain_rms_norm on CUDA
-
-    def forward(self, x: Tensor) -> Tensor:
-        return plain_rms_norm(x, self.weight, self.eps, use_kernel=self.use_kernel)
-
-    def add(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
-        """``(x + residual, norm(x + residual))``, one launch with the kernel (residual None: ``(x, norm(x))``)."""
-        if residual is None:
-            return x, self(x)
-        return add_plain_rms_norm(x, residual, self.weight, self.eps, use_kernel=self.use_kernel)
-
-    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        """``apply_rotary(norm(x), cos[:, :, None], sin[:, :, None])`` for x [B, T, H, D], cos, sin [B, T, D]."""
-        return rms_norm_rope(x, self.weight, cos, sin, self.eps, plain=True, use_kernel=self.use_kernel)
 
 
 @lru_cache(maxsize=16)
@@ -78,8 +57,8 @@ class DrafterAttention(nn.Module):
         self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
-        self.q_norm = DrafterNorm(self.head_dim, eps=cfg.rms_norm_eps)
-        self.k_norm = DrafterNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = x.shape
@@ -92,8 +71,8 @@ class DrafterLayer(nn.Module):
         super().__init__()
         self.self_attn = DrafterAttention(cfg)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
-        self.input_layernorm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.post_attention_layernorm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if cfg.local_conv_kernel > 0:
             self.local_conv = nn.Conv1d(cfg.hidden_size, cfg.hidden_size, cfg.local_conv_kernel,
                                         groups=cfg.hidden_size, bias=False)
@@ -126,19 +105,17 @@ class DFlash2Drafter(nn.Module):
         super().__init__()
         self.config = cfg
         self.layers = nn.ModuleList(DrafterLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
-        self.hidden_norm = DrafterNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if cfg.selector_head:
             self.selector_head = nn.Linear(cfg.hidden_size, 1, bias=True)
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: nn.Linear | None = None
 
     def set_plugins(self, use_kernel: bool | None) -> None:
-        """The plugins' switch for the drafter's kernels (norms, cached attention), as ``TextModel.set_plugins``."""
-        for module in self.modules():
-            if hasattr(module, "use_kernel"):
-                module.use_kernel = use_kernel
+        """The plugins' switch for the drafter's kernels (norms, cached attention): ``layers.set_plugins``."""
+        set_plugins(self, use_kernel)
 
     def bind(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> "DFlash2Drafter":
         """Share the target's embeddings and LM head (the drafter has none of its own)."""

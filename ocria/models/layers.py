@@ -6,7 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm, rms_norm_rope
+from ocria.plugins.rms_norm import (
+    add_plain_rms_norm,
+    add_rms_norm,
+    gated_rms_norm,
+    plain_rms_norm,
+    rms_norm,
+    rms_norm_rope,
+)
 from ocria.plugins.rms_norm.reference import apply_rotary  # noqa: F401  (the models' rotary, used by vision and training)
 from ocria.plugins.silu_quant import silu_mul_quant
 
@@ -37,7 +44,10 @@ class ZeroCenteredRMSNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Plain (Qwen3-style) RMSNorm ``w * norm(x)``, used by the DFlash drafter."""
+    """Plain (Qwen3-style) RMSNorm ``w * norm(x)``, used by the DFlash drafter: through the plugin (one
+    launch, the same rounding chain), with the residual add or the rotary embedding that follows it fused."""
+
+    use_kernel: bool | None = None  # plugins switch: ocria::plain_rms_norm on CUDA
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
@@ -45,7 +55,25 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return plain_rms_norm(x, self.weight, self.eps, use_kernel=self.use_kernel)
+
+    def add(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+        """``(x + residual, norm(x + residual))``, one launch with the kernel (residual None: ``(x, norm(x))``)."""
+        if residual is None:
+            return x, self(x)
+        return add_plain_rms_norm(x, residual, self.weight, self.eps, use_kernel=self.use_kernel)
+
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """``apply_rotary(norm(x), cos[:, :, None], sin[:, :, None])`` for x [B, T, H, D], cos, sin [B, T, D]."""
+        return rms_norm_rope(x, self.weight, cos, sin, self.eps, plain=True, use_kernel=self.use_kernel)
+
+
+def set_plugins(model: nn.Module, use_kernel: bool | None) -> None:
+    """One switch for every plugin kernel below ``model`` (norms, attention, ReplaySSM, quantized linears):
+    None = kernel on CUDA, reference elsewhere."""
+    for module in model.modules():
+        if hasattr(module, "use_kernel"):
+            module.use_kernel = use_kernel
 
 
 class GatedRMSNorm(nn.Module):

@@ -7,7 +7,14 @@ from ocria.models.attention import GatedAttention
 from ocria.models.cache import TargetCache
 from ocria.models.config import LINEAR, TextConfig
 from ocria.models.gdn import PROJECTIONS, GatedDeltaNet
-from ocria.models.layers import SwiGLU, ZeroCenteredRMSNorm, fuse_linears, inverse_frequencies, mrope_cos_sin
+from ocria.models.layers import (
+    SwiGLU,
+    ZeroCenteredRMSNorm,
+    fuse_linears,
+    inverse_frequencies,
+    mrope_cos_sin,
+    set_plugins,
+)
 
 
 class DecoderLayer(nn.Module):
@@ -66,9 +73,7 @@ class TextModel(nn.Module):
     def set_plugins(self, use_kernel: bool | None) -> None:
         """One switch for every plugin kernel below this model (ReplaySSM in the GDN layers, and the
         quantized linears' kernels when present): None = kernel on CUDA, reference elsewhere."""
-        for module in self.modules():
-            if hasattr(module, "use_kernel"):
-                module.use_kernel = use_kernel
+        set_plugins(self, use_kernel)
 
     def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions [3, B, T] -> cos, sin [B, T, rotary_dim]."""
