@@ -15,8 +15,9 @@ every later draft would be rejected. So before timing, a forced mode runs un-tim
 batch and block schedule and takes the tokens it emitted as the new table until a pass emits exactly
 the table (every block fully accepted): a fixed point of the verify path itself. Each pass extends the
 agreed prefix by at least one token (the verify outputs up to the first disagreement repeat), so the
-cap of tokens + block + 2 passes is never the reason to stop; the passes are reported. Passes run one
-block past the timed run, so the timed run's last drafts read agreed positions too. Each forced run
+cap (every token a pass can emit, + 2) is never the reason to stop; the passes are reported. Passes
+run one block past the timed run and agree on every token the timed run emits in each row (fast rows
+of ``tau=X`` run far past ``--tokens``) plus a block, so its last drafts read agreed positions too. Each forced run
 records its passes and ``table_source``: ``ar`` when the passes only extended ar's table past its end,
 ``fixed_point`` when they rewrote a token the timed run reads (``table_first_rewrite``: the first one).
 
@@ -49,6 +50,7 @@ from ocria.data import LONG_PAGE, generate
 from ocria.models import DrafterCache, TargetCache
 from ocria.models.cache import cache_tensors
 from ocria.models.config import LINEAR
+from ocria.plugins.switch import disabled_kernels
 from ocria.quant.direct import quantize_in_place
 from ocria.quant.recipe import load_recipe
 from ocria.runtime.decode import SamplingTensors, prefill
@@ -104,24 +106,32 @@ def table_rows(table: torch.Tensor, start: int, tokens: list[list[int]]) -> list
     return [table[r, start: start + len(t)].tolist() for r, t in enumerate(tokens)]
 
 
-def oracle_fixed_point(generate, table: torch.Tensor, start: int, cover: int,
-                       max_passes: int) -> tuple[int, bool]:
+def oracle_fixed_point(generate, table: torch.Tensor, start: int, max_passes: int) -> tuple[int, bool]:
     """Rewrite ``table`` in place until a pass of the forced mode emits exactly the table.
 
-    ``generate(p)`` runs pass p (un-timed, same batch, graph and schedule as the timed run, at least
-    ``cover`` tokens after the first) and returns its tokens per row, token 0 at position ``start``.
-    Emitted tokens are the verify path's own greedy outputs, so they become the table; the pass agrees
-    when its first ``cover`` + 1 tokens equal the table (its last block may read past what is known).
-    Each pass moves the first disagreement right by at least one token. Returns (passes, converged).
+    ``generate(p)`` runs pass p (un-timed, same batch, graph and schedule as the timed run, but longer)
+    and returns its tokens per row, token 0 at position ``start``, and how many of each row's tokens
+    must agree: every token the timed run will emit in that row plus one block, so its last drafts read
+    agreed positions too (the pass's own last block may read past what is known). Emitted tokens are
+    the verify path's own greedy outputs, so they become the table. Each pass moves the first
+    disagreement right by at least one token. Returns (passes, converged).
     """
     for p in range(1, max_passes + 1):
-        tokens = generate(p)
-        head = [t[: cover + 1] for t in tokens]
+        tokens, agree = generate(p)
+        head = [t[:n] for t, n in zip(tokens, agree)]
         if all(first_mismatch(w, t) is None for w, t in zip(table_rows(table, start, head), head)):
             return p, True
         for r, t in enumerate(tokens):
             table[r, start: start + len(t)] = torch.tensor(t, device=table.device)
     return max_passes, False
+
+
+def agreed_lengths(lengths: list[list[int]], want: int, block: int) -> list[int]:
+    """How many of a pass's tokens per row must equal the table: all the timed run emits (it stops at
+    the first step where every row has more than ``want``; ``lengths`` are the rows' lengths after
+    each step of the pass), plus one block its last drafts read."""
+    stop = next(n for n in lengths if min(n) > want)
+    return [n + block for n in stop]
 
 
 def check_table(table: torch.Tensor, start: int, tokens: list[list[int]]) -> tuple[bool, list[dict]]:
@@ -218,7 +228,7 @@ def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar
         torch.cuda.synchronize()
         ttft_ms = (time.perf_counter() - t0) * 1e3  # one prompt prefill (the other rows copy its state)
         tokens = [[t] for t in first]
-        step_ms, wall_ms, acc_total = [], [], 0
+        step_ms, wall_ms, lengths, acc_total = [], [], [], 0
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         n = 0
         while min(len(t) for t in tokens) <= want:  # every step emits a token per row
@@ -231,17 +241,21 @@ def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar
             n += 1
             for r in range(rows):
                 tokens[r] += out[r, : int(acc[r]) + 1].tolist()
+            lengths.append([len(t) for t in tokens])
             acc_total += int(acc.sum())
         tau = (acc_total + rows * n) / (rows * n)
-        return tokens, {"steps": n, "step_ms": step_ms, "wall_ms": wall_ms, "ttft_ms": ttft_ms, "tau": tau}
+        return tokens, {"steps": n, "lengths": lengths, "step_ms": step_ms, "wall_ms": wall_ms,
+                        "ttft_ms": ttft_ms, "tau": tau}
 
     forced = {}
     if isinstance(use, ForcedDrafter):
-        # passes cover one block more than the timed run, so its last drafts read agreed positions too
-        cover = args.tokens + T
+        # passes run one block further than the timed run and agree on all it emits
+        def agreed_pass(p):
+            tokens, st = generate(("pass", mode, p), args.tokens + T)
+            return tokens, agreed_lengths(st["lengths"], args.tokens, T)
+
         before = table[:rows, L: L + args.tokens + 1].clone()
-        passes, converged = oracle_fixed_point(lambda p: generate(("pass", mode, p), cover)[0], table, L, cover,
-                                               cover + 2)
+        passes, converged = oracle_fixed_point(agreed_pass, table, L, steps * T + 2)
         # where the passes rewrote what the timed run reads (not just extended the table past it)
         changed = (table[:rows, L: L + args.tokens + 1] != before).any(0).nonzero()
         rewrite = int(changed[0]) if changed.numel() else None
@@ -337,10 +351,15 @@ def record_table_check(results, table, start, tokens, row, precision: str) -> bo
     return ok
 
 
+def plugin_switch(args) -> bool | None:
+    """``--plugins on``: every kernel on CUDA except those named in OCRIA_DISABLE_KERNELS (A/B runs)."""
+    return None if args.plugins == "on" else False
+
+
 def fp32_check(preset, prompt, args, results) -> bool:
     """spec == ar on the same weights in fp32 (oracle and tau=8), where no tie should flip."""
     target, drafter = random_models(preset, "cuda", torch.float32)
-    target.text.set_plugins(args.plugins == "on")
+    target.text.set_plugins(plugin_switch(args))
     table = torch.zeros(args.fp32_check + 1, prompt.input_ids.numel() + args.tokens * 2 + 64, dtype=torch.long,
                         device="cuda")
     _, ar = run_mode(target, drafter, prompt, args.fp32_check, "ar", table, args)
@@ -502,8 +521,8 @@ def main() -> int:
     bw = copy_bandwidth()
     target, drafter = random_models(preset, "cuda", torch.bfloat16)
     formats = quantize_in_place(target, load_recipe(args.recipe)) if args.recipe != "bf16" else {}
-    target.text.set_plugins(args.plugins == "on")
-    drafter.set_plugins(args.plugins == "on")
+    target.text.set_plugins(plugin_switch(args))
+    drafter.set_plugins(plugin_switch(args))
     if not args.no_fuse:
         target.text.fuse_projections()
         drafter.fuse_projections()
@@ -513,7 +532,8 @@ def main() -> int:
     prompt = proc.prepare(buf.getvalue())
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
-               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins, "recipe": args.recipe,
+               "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
+               "disabled_kernels": sorted(disabled_kernels()), "recipe": args.recipe,
                "quantized_layers": {f: list(formats.values()).count(f) for f in set(formats.values())},
                "fused_projections": not args.no_fuse,
                "prompt_tokens": prompt.input_ids.numel(),

@@ -33,7 +33,7 @@ def decode(drafter, rows: int, want: int = TOKENS) -> tuple[list[list[int]], dic
     first = greedy(prompt, START - 1)
     cache = SimpleNamespace(ctx_len=torch.full((rows,), START, dtype=torch.int32))
     seqs = [[*prompt, first] for _ in range(rows)]
-    steps, accepted = 0, 0
+    steps, accepted, lengths = 0, 0, []
     while min(len(s) - START for s in seqs) <= want:
         for r, seq in enumerate(seqs):
             c = int(cache.ctx_len[r])
@@ -45,8 +45,17 @@ def decode(drafter, rows: int, want: int = TOKENS) -> tuple[list[list[int]], dic
             cache.ctx_len[r] += acc + 1
             accepted += acc
         steps += 1
+        lengths.append([len(s) - START for s in seqs])
     tokens = [s[START:] for s in seqs]
-    return tokens, {"tau": (accepted + rows * steps) / (rows * steps)}
+    return tokens, {"tau": (accepted + rows * steps) / (rows * steps), "lengths": lengths}
+
+
+def agreed_pass(drafter, rows: int):
+    """A pass of ``run_mode``: one block longer than the timed run, agreeing on all the timed run emits."""
+    def run(p):
+        tokens, stats = decode(drafter, rows, TOKENS + BLOCK)
+        return tokens, e2e.agreed_lengths(stats["lengths"], TOKENS, BLOCK)
+    return run
 
 
 def ar_table(rows: int) -> torch.Tensor:
@@ -68,10 +77,8 @@ def test_ar_table_breaks_and_fixed_point_is_fully_accepted():
     ok, report = e2e.check_table(table, START, tokens)
     assert not ok and report[0]["first_divergence"] is not None
 
-    cover = TOKENS + BLOCK
-    passes, converged = e2e.oracle_fixed_point(lambda p: decode(drafter, rows, cover)[0], table, START, cover,
-                                               cover + 2)
-    assert converged and 1 < passes <= cover + 2
+    passes, converged = e2e.oracle_fixed_point(agreed_pass(drafter, rows), table, START, 4 * TOKENS)
+    assert converged and 1 < passes < 4 * TOKENS
     tokens, stats = decode(drafter, rows)  # the timed run reads the same table
     assert stats["tau"] == BLOCK
     assert e2e.check_table(table, START, tokens)[0]
@@ -85,17 +92,23 @@ def test_tau_mode_is_deterministic_has_its_mean_and_reaches_a_fixed_point():
     k = (drafter.draws < (tau - 1) / (BLOCK - 1)).sum(-1).float()
     assert abs(float(k.mean()) + 1 - tau) < 0.2  # Binomial(15, 7/15) per (slot, position): mean tau - 1
 
-    cover = TOKENS + BLOCK
-    passes, converged = e2e.oracle_fixed_point(lambda p: decode(drafter, rows, cover)[0], table, START, cover,
-                                               cover + 2)
+    passes, converged = e2e.oracle_fixed_point(agreed_pass(drafter, rows), table, START, 4 * TOKENS)
     assert converged
     tokens, stats = decode(drafter, rows)
+    _, agree = agreed_pass(drafter, rows)(0)
+    assert all(n >= len(t) + BLOCK for n, t in zip(agree, tokens))  # fast rows included
     again, stats2 = decode(e2e.ForcedDrafter(real, table, tau), rows)  # same seed: same schedule
     assert tokens == again and stats == stats2
-    longer = decode(drafter, rows, cover)[0]
+    longer = decode(drafter, rows, TOKENS + BLOCK)[0]
     assert [t[: len(s)] for t, s in zip(longer, tokens)] == tokens  # the timed run is a pass's prefix
     assert e2e.check_table(table, START, tokens)[0]
     assert 1 < stats["tau"] < BLOCK
+
+
+def test_agreement_covers_every_token_the_timed_run_emits():
+    # three steps of a pass; the timed run (want 8) stops after the second, with a fast row at 40
+    lengths = [[3, 17], [10, 40], [20, 60]]
+    assert e2e.agreed_lengths(lengths, 8, BLOCK) == [10 + BLOCK, 40 + BLOCK]
 
 
 def test_check_table_reports_the_first_wrong_position():
@@ -157,8 +170,11 @@ def test_forced_drafter_in_the_real_decode_step():
     ar, _ = run(None, n)
     table[0, L: L + n + 1] = torch.tensor(ar[0])
     oracle = e2e.ForcedDrafter(drafter, table, None)
-    cover = n + dc.block_size
-    passes, converged = e2e.oracle_fixed_point(lambda p: run(oracle, cover)[0], table, L, cover, cover + 2)
+    def agreed(p):  # one row: agree on the timed run's tokens plus a block
+        tokens = run(oracle, n + dc.block_size)[0]
+        return tokens, [len(tokens[0])]
+
+    passes, converged = e2e.oracle_fixed_point(agreed, table, L, 4 * n)
     assert converged and table[0, L: L + n + 1].tolist() == ar[0]  # fp32: the passes only extend ar's table
     tokens, tau = run(oracle, n)
     assert tau == dc.block_size and e2e.check_table(table, L, tokens)[0]

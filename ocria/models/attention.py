@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
-from ocria.models.layers import ZeroCenteredRMSNorm, project
+from ocria.models.layers import ZeroCenteredRMSNorm, dense, project
 from ocria.plugins.decode_attention import decode_attention
 
 
@@ -60,4 +60,4 @@ class GatedAttention(nn.Module):
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
                                  attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
-        return self.o_proj(o)
+        return dense(self.o_proj, o, self.use_kernel)

@@ -32,7 +32,15 @@ from ocria.models.attention import cache_index, write_kv
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
-from ocria.models.layers import RMSNorm, SwiGLU, fuse_linears, inverse_frequencies, rope_cos_sin, set_plugins
+from ocria.models.layers import (
+    RMSNorm,
+    SwiGLU,
+    dense,
+    fuse_linears,
+    inverse_frequencies,
+    rope_cos_sin,
+    set_plugins,
+)
 from ocria.plugins.decode_attention import decode_attention
 
 
@@ -62,8 +70,8 @@ class DrafterAttention(nn.Module):
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         B, T, _ = x.shape
-        k = self.k_norm.rope(self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim), cos, sin)
-        return k, self.v_proj(x).view(B, T, self.num_kv_heads, -1)
+        k = dense(self.k_proj, x, self.use_kernel).view(B, T, self.num_kv_heads, self.head_dim)
+        return self.k_norm.rope(k, cos, sin), dense(self.v_proj, x, self.use_kernel).view(B, T, self.num_kv_heads, -1)
 
 
 class DrafterLayer(nn.Module):
@@ -91,12 +99,14 @@ class DrafterLayer(nn.Module):
         x, h = self.input_layernorm.add(x, delta)
         attn = self.self_attn
         B, T, _ = x.shape
-        q = attn.q_norm.rope(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim), cos, sin)
+        q = attn.q_norm.rope(dense(attn.q_proj, h, attn.use_kernel).view(B, T, attn.num_heads, attn.head_dim),
+                             cos, sin)
         k, v = attn.kv(h, cos, sin)
         write_kv(k_cache, v_cache, k, v, *index)
         o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
                              attn.head_dim**-0.5, causal_block=False, use_kernel=attn.use_kernel)
-        x, h = self.post_attention_layernorm.add(attn.o_proj(o.transpose(1, 2).reshape(B, T, -1)), x)
+        x, h = self.post_attention_layernorm.add(dense(attn.o_proj, o.transpose(1, 2).reshape(B, T, -1),
+                                                       attn.use_kernel), x)
         return x, self.mlp(h)
 
 

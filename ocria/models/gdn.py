@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
 from ocria.models.gdn_chunked import chunk_gated_delta_rule
-from ocria.models.layers import GatedRMSNorm, project
+from ocria.models.layers import GatedRMSNorm, dense, project
 from ocria.plugins.replay_ssm import ops
 from ocria.plugins.replay_ssm.reference import conv_window, delta_step, fold_pending, gdn_gates, l2norm
 
@@ -121,4 +121,4 @@ class GatedDeltaNet(nn.Module):
             if cache is not None:
                 cache.ssm[i][slots] = state
         o = self.norm(o.to(x.dtype), z)
-        return self.out_proj(o.reshape(B, T, self.value_dim))
+        return dense(self.out_proj, o.reshape(B, T, self.value_dim), self.use_kernel)

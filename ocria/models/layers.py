@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ocria.plugins.decode_gemm import decode_gemm
 from ocria.plugins.rms_norm import (
     add_plain_rms_norm,
     add_rms_norm,
@@ -119,7 +120,15 @@ def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tenso
     if fused is None:
         return tuple(getattr(module, n)(x) for n in names)
     weight, sizes = fused
-    return F.linear(x, weight).split(sizes, dim=-1)
+    return decode_gemm(x, weight, use_kernel=getattr(module, "use_kernel", None)).split(sizes, dim=-1)
+
+
+def dense(linear: nn.Module, x: Tensor, use_kernel: bool | None) -> Tensor:
+    """``linear(x)``; a plain bf16 ``nn.Linear`` of a decode or verify step (<= 16 rows) runs as the
+    one-launch decode GEMM (``ocria::decode_gemm``), quantized executors as themselves."""
+    if type(linear) is nn.Linear:
+        return decode_gemm(x, linear.weight, linear.bias, use_kernel=use_kernel)
+    return linear(x)
 
 
 class SwiGLU(nn.Module):
@@ -137,10 +146,11 @@ class SwiGLU(nn.Module):
         fused = fused_group(self, ("gate_proj", "up_proj"))
         if fused is None:
             gate, up = project(self, x, ("gate_proj", "up_proj"))
-            return self.down_proj(F.silu(gate) * up)
+            return dense(self.down_proj, F.silu(gate) * up, self.use_kernel)
         # inference: one gate/up GEMM, then SiLU-multiply in one pass (same two roundings as above)
-        h, _ = silu_mul_quant(F.linear(x, fused[0]), "bf16", use_kernel=self.use_kernel)
-        return self.down_proj(h)
+        gate_up = decode_gemm(x, fused[0], use_kernel=self.use_kernel)
+        h, _ = silu_mul_quant(gate_up, "bf16", use_kernel=self.use_kernel)
+        return dense(self.down_proj, h, self.use_kernel)
 
 
 @lru_cache(maxsize=64)

@@ -82,9 +82,12 @@ def _decode_gemm_kernel(
 def default_config(N: int, K: int) -> dict:
     """Columns per program, K tile, warps, pipeline depth and operand order for a weight [N, K].
     A function of the weight's shape only (never of M): that is what keeps rows batch invariant.
-    Narrow outputs take 16-column programs so that N / BLOCK_N still covers the GPU's SMs."""
-    block_n = 16 if N <= 4096 else 64
-    return {"block_n": block_n, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": block_n >= 64}
+    Narrow outputs take 16-column programs so that N / BLOCK_N still covers the GPU's SMs. The two
+    configurations are the fastest of bench/decode_gemm.py's sweep on the H200 for every ocria-1-sim
+    weight at every M (bench/results/decode_gemm_h200.json, ``best_over_M``)."""
+    if N <= 4096:
+        return {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "swap": False}
+    return {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap": True}
 
 
 def _kernel_for(device: torch.device):

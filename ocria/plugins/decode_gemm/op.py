@@ -1,6 +1,7 @@
 """``torch.library`` operator ``ocria::decode_gemm`` and the function callers use. ``use_kernel`` is the
 plugins' switch (None: the Triton kernel on CUDA tensors, the reference elsewhere; True on CPU runs the
-kernel in Triton's interpreter); more than MAX_M rows (prefill) run the reference ``F.linear``."""
+kernel in Triton's interpreter); what the kernel does not take (more than MAX_M rows as in prefill,
+other dtypes than bf16, N or K not a multiple of 16) runs the reference ``F.linear``."""
 
 import torch
 from torch import Tensor
@@ -22,8 +23,10 @@ def _(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kernel: bool | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for x [..., K] bf16, weight [N, K]; up to MAX_M rows in one launch whose
-    rows are batch invariant (see ``kernel``), more rows through the reference."""
+    rows are batch invariant (see ``kernel``); anything else through the reference."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if kernel_enabled(x.device, use_kernel, "decode_gemm") and rows <= MAX_M:
+    fits = (rows <= MAX_M and x.dtype == weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
+    if fits and kernel_enabled(x.device, use_kernel, "decode_gemm"):
         return torch.ops.ocria.decode_gemm(x, weight, bias)
     return decode_gemm_reference(x, weight, bias)
