@@ -237,6 +237,7 @@ def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar
             out, acc, _ = graph.step(slots, [t[-1] for t in tokens], params, spec, horizon, True, tag)
             end.record()
             wall_ms.append((time.perf_counter() - w0) * 1e3)
+            end.synchronize()  # the step waits for its readback only, which can finish before ``end``
             step_ms.append(start.elapsed_time(end))
             n += 1
             for r in range(rows):
