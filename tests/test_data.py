@@ -129,7 +129,7 @@ def test_synthetic_spec():
 
 
 def test_bad_configs_are_rejected():
-    for kwargs in ({"min_width": 250}, {"max_height": 96}, {"max_width": 224}, {"max_font_px": 40},
+    for kwargs in ({"min_width": 250}, {"max_height": 96}, {"max_width": 224}, {"max_font_px": 64},
                    {"max_table_cols": 5}):
         with pytest.raises(ConfigError):
             SynthConfig(**kwargs)

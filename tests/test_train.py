@@ -444,8 +444,16 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     first = json.loads((out / "run.json").read_text())
     assert first["stage"] == "target" and first["checkpoint"]["step"] == 1
     assert sorted(p.name for p in out.iterdir()) == ["run.json", *first["checkpoint"]["files"]]
+    probe = ["probe", "--state", str(state), "--preset", tiny_preset, "--docs", "1", "--max-tokens", "8"]
+    assert train_main([*probe, "--out", str(tmp_path / "mid.json")]) == 0  # the mid-run checkpoint
+    mid = json.loads((tmp_path / "mid.json").read_text())
+    assert mid["target_step"] == 1 and mid["docs"] == 1 and mid["command"].startswith("python -m ocria.train probe")
     assert train_main(args) == 0  # resumes from the state directory, finishes every stage
     run = json.loads((out / "run.json").read_text())
+    assert train_main([*probe, "--out", str(tmp_path / "end.json")]) == 0  # the exported target
+    end = json.loads((tmp_path / "end.json").read_text())
+    assert end["target_step"] == 2 and end["cer_ar"] == run["results"]["cer_ar"]  # the run's own evaluation
+    assert train_main(["probe", "--state", str(tmp_path / "none")]) == 2
     assert run["stage"] == "done" and run["checkpoint"] is None
     res = run["results"]
     assert 0 <= res["cer_ar"] and res["block_size"] == 4

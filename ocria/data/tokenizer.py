@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ocria.data.layout import LONG_PAGE
-from ocria.data.synth import DEFAULT_CONFIG, markdown, split_seeds
+from ocria.data.layout import LONG_PAGE, SynthConfig
+from ocria.data.synth import markdown, split_seeds
 
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = (
@@ -30,6 +30,9 @@ SPECIAL_TOKENS = (
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 CORPUS_DOCS = 6000  # short pages from the train split
+# The short pages' layout when the shipped tokenizer was fitted (13-20 px text, more words per page):
+# pinned so the tokenizer rebuilds byte-identically whatever the generator's defaults become.
+CORPUS_CONFIG = SynthConfig(min_font_px=13, max_font_px=20)
 CORPUS_LONG_DOCS = 400  # long pages, so merges see more list / table / page structure
 ASSET_DIR = Path(__file__).resolve().parent.parent / "assets" / "ocria-mini"
 # Pieces before byte mapping: a word with at most one leading non-letter, single digits (numbers stay
@@ -51,7 +54,7 @@ CHAT_TEMPLATE = (  # Qwen-style turns; one <|image_pad|> per image, expanded by 
 
 def corpus() -> list[str]:
     """The training text: Markdown of the first train-split documents, short and long layouts."""
-    texts = [markdown(s, config=DEFAULT_CONFIG) for s in split_seeds("train", CORPUS_DOCS)]
+    texts = [markdown(s, config=CORPUS_CONFIG) for s in split_seeds("train", CORPUS_DOCS)]
     texts += [markdown(s, config=LONG_PAGE) for s in split_seeds("train", CORPUS_LONG_DOCS, start=CORPUS_DOCS)]
     return texts
 

@@ -2,6 +2,7 @@
 
     python -m ocria.train run --state .train --budget-s 510 --out "$OUT"   # repeat until stage 'done'
     python -m ocria.train status --state .train
+    python -m ocria.train probe --state .train --docs 8                    # CPU: greedy CER of its target now
     python -m ocria.train ship --state .train                              # into ocria/assets/ocria-mini
 """
 
@@ -11,10 +12,12 @@ import sys
 from pathlib import Path
 
 from ocria.builder.presets import load_preset
+from ocria.data import SynthConfig
 from ocria.errors import OcriaError
 from ocria.train import checkpoint as ckpt
+from ocria.train.evaluate import probe_state
 from ocria.train.export import ship
-from ocria.train.run import Run, TrainConfig, mirror
+from ocria.train.run import Run, TrainConfig, mirror, utc_now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,6 +33,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-steps", type=int, help="per stage: stop (with a checkpoint) after this many optimizer steps")
     s = sub.add_parser("status", help="print stage, progress and results of a state directory")
     s.add_argument("--state", type=Path, required=True)
+    q = sub.add_parser("probe", help="greedy CER of the run's newest target on held-out documents (CPU)")
+    q.add_argument("--state", type=Path, required=True)
+    q.add_argument("--preset", default="ocria-mini")
+    q.add_argument("--docs", type=int, default=8, help="held-out documents (the first N)")
+    q.add_argument("--max-tokens", type=int, default=384)
+    q.add_argument("--font-px", type=int, nargs=2, metavar=("MIN", "MAX"),
+                   help="render the documents with this font-size range instead of the generator's default")
+    q.add_argument("--out", type=Path, help="also write the result as JSON (with date and command)")
     p = sub.add_parser("ship", help="copy the trained target/ and drafter/ into the preset's assets")
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--preset", default="ocria-mini")
@@ -46,6 +57,14 @@ def main(argv: list[str] | None = None) -> int:
                     for path in mirror(args.state, args.out):
                         print(f"saved {path}")
             print(json.dumps({"stage": result["stage"], "results": result["results"]}, indent=1))
+        elif args.cmd == "probe":
+            config = SynthConfig() if args.font_px is None else SynthConfig(min_font_px=args.font_px[0],
+                                                                            max_font_px=args.font_px[1])
+            result = {"date": utc_now(), "command": "python -m ocria.train " + " ".join(argv),
+                      **probe_state(args.state, load_preset(args.preset), args.docs, args.max_tokens, config)}
+            print(json.dumps(result, indent=1, ensure_ascii=False))
+            if args.out is not None:
+                ckpt.write_json(args.out, result)
         elif args.cmd == "status":
             run = ckpt.read_run(args.state)
             if run is None:

@@ -2,20 +2,27 @@
 and the drafter's mean acceptance length tau (tokens per target forward in ``spec`` mode)."""
 
 import io
+import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
-from ocria.data import dataset
+from ocria.builder.presets import Preset
+from ocria.data import SynthConfig, dataset
 from ocria.data.metrics import edit_distance
+from ocria.data.synth import DEFAULT_CONFIG
+from ocria.errors import OcriaError
 from ocria.runtime.engine import Engine
 from ocria.runtime.sampling import SamplingParams
+from ocria.train import checkpoint as ckpt
+from ocria.train.export import export_model
 from ocria.train.gdn_chunked import chunked_gdn
+from ocria.train.target import build_target
 
 
-def heldout_pngs(n: int, start: int = 0) -> list[tuple[bytes, str]]:
+def heldout_pngs(n: int, start: int = 0, config: SynthConfig = DEFAULT_CONFIG) -> list[tuple[bytes, str]]:
     """The first n held-out documents as (lossless PNG bytes, Markdown truth)."""
     out = []
-    for doc in dataset("heldout", n, start):
+    for doc in dataset("heldout", n, start, config=config):
         buf = io.BytesIO()
         doc.image.save(buf, format="PNG", compress_level=1)
         out.append((buf.getvalue(), doc.markdown))
@@ -82,6 +89,34 @@ def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, bat
             "cer_spec": cer(spec, truths),
         }
     return out
+
+
+def probe_state(state: Path, preset: Preset, docs: int, max_tokens: int,
+                config: SynthConfig = DEFAULT_CONFIG) -> dict:
+    """Greedy CER (``ar``, CPU, through the runtime) of a run's newest target: its exported ``target/``
+    or else its mid-run checkpoint. The early word on whether a run reads, between GPU calls."""
+    run = ckpt.read_run(state)
+    if run is None:
+        raise OcriaError(f"{state}: no {ckpt.RUN_FILE} (not a training state directory)")
+    meta = run.get("checkpoint") or {}
+    with tempfile.TemporaryDirectory() as tmp:
+        target_dir = state / "target"
+        if (target_dir / "config.json").is_file():
+            step = run["stages"].get("target", {}).get("steps")
+        elif meta.get("stage") == "target":
+            model = build_target(preset.target, preset.seed)
+            ckpt.load_module_tensors(model, "model", ckpt.load_state(state, run))
+            target_dir, step = export_model(model, Path(tmp) / "target"), meta["step"]
+        else:
+            raise OcriaError(f"{state}: no target checkpoint yet (stage {run['stage']!r})")
+        engine = Engine(engine_dir(Path(tmp) / "engine", preset.assets, target_dir, None), device="cpu",
+                        verify=False)
+        pngs = heldout_pngs(docs, config=config)
+        results = transcribe(engine, [d[0] for d in pngs], "ar", max_tokens, docs)
+    truths = [d[1] for d in pngs]
+    return {"target_step": step, "docs": docs, "font_px": [config.min_font_px, config.max_font_px],
+            "cer_ar": cer(results, truths), "exact_docs_ar": sum(r["text"] == t for r, t in zip(results, truths)),
+            "samples": [{"truth": t, "text": r["text"]} for r, t in zip(results[:4], truths)]}
 
 
 def engine_dir(root: Path, assets: Path, target: Path, drafter: Path | None) -> Path:

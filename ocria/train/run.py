@@ -92,7 +92,7 @@ class TrainConfig:
         return cfg
 
 
-def _now() -> str:
+def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -129,7 +129,7 @@ class Run:
             torch.set_float32_matmul_precision("high")
         run["seeds"] = {"config": self.cfg.seed, "target_init": self.preset.seed, "drafter_init": self.preset.seed + 1,
                         "anchor_sampler": self.cfg.seed + 17, "data": "train split documents in index order"}
-        self.call = {"command": command or " ".join(sys.argv), "start_utc": _now(),
+        self.call = {"command": command or " ".join(sys.argv), "start_utc": utc_now(),
                      "device": self._device_name(), "torch": torch.__version__,
                      "python": platform.python_version(), "stage_at_start": run["stage"], "config_changes": changed}
 
@@ -294,7 +294,7 @@ class Run:
                     if stop:
                         return False
         self.run["stages"][name] = {"steps": step, "final_loss": history[-1]["loss"] if history else None,
-                                    "finished_utc": _now()}
+                                    "finished_utc": utc_now()}
         return True
 
     def stage_target(self) -> bool:
