@@ -157,8 +157,9 @@ def step_bytes(target, drafter, rows: int, kv_len: int, spec: bool) -> int:
     cfg = target.text_config
     text = param_bytes(target.text) - param_bytes(target.text.embed_tokens)
     weights = text + param_bytes(target.lm_head)
-    if spec:
-        weights += param_bytes(drafter) + param_bytes(target.lm_head)  # the drafter reads the head again
+    if spec:  # the drafter reads the head again (its first draft_vocab_size rows when set)
+        vd = drafter.config.draft_vocab_size or cfg.vocab_size
+        weights += param_bytes(drafter) + param_bytes(target.lm_head) * vd // cfg.vocab_size
     n_lin = cfg.layer_types.count(LINEAR)
     state = n_lin * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4 * 2
     n_full = cfg.num_hidden_layers - n_lin

@@ -132,6 +132,42 @@ def test_draft_batch_rows_are_independent(target, tmp_path):
     assert torch.allclose(both[0], alone[0][0], atol=1e-5) and torch.allclose(both[1], alone[1][0], atol=1e-5)
 
 
+def test_draft_vocabulary_is_the_heads_first_rows(target, tmp_path):
+    model, cfg = target
+    for name, ext in {"full": {}, "prefix": {"draft_vocab_size": 40}}.items():
+        write_drafter(tmp_path / name, drafter_config(cfg["text_config"], **ext), seed=5)
+    full, prefix = (DFlash2Drafter.from_pretrained(tmp_path / n, model) for n in ("full", "prefix"))
+    assert prefix.config.draft_vocab_size == 40 and prefix.config.to_hf()["dflash_config"]["draft_vocab_size"] == 40
+    ids = torch.randint(7, 96, (9,))
+    with torch.no_grad():
+        feats = target_features(model, ids, [0, 2])
+        logits = {}
+        for name, drafter in (("full", full), ("prefix", prefix)):
+            cache = DrafterCache.allocate(2, 2, 8, num_slots=1, max_len=32, dtype=torch.float32)
+            drafter.append_context(feats[None], torch.tensor([9]), cache, torch.tensor([0]))
+            logits[name] = drafter.draft(torch.tensor([11]), cache, torch.tensor([0]))[0]
+    assert logits["prefix"].shape[-1] == 40
+    torch.testing.assert_close(logits["prefix"], logits["full"][..., :40])
+    drafts = prefix.propose(logits["prefix"], None, torch.tensor([0]))
+    assert drafts.max() < 40 and torch.equal(drafts, logits["full"][..., :40].argmax(-1))
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 10_000])
+def test_draft_vocabulary_size_is_checked(target, tmp_path, bad):
+    model, cfg = target
+    write_drafter(tmp_path / "d", drafter_config(cfg["text_config"], draft_vocab_size=bad))
+    with pytest.raises(ConfigError, match="draft_vocab_size"):
+        DFlash2Drafter.from_pretrained(tmp_path / "d", model)
+
+
+def test_draft_vocabulary_needs_a_plain_head(target, tmp_path):
+    model, cfg = target
+    write_drafter(tmp_path / "d", drafter_config(cfg["text_config"], draft_vocab_size=40))
+    drafter = DFlash2Drafter.from_pretrained(tmp_path / "d", model)
+    with pytest.raises(ConfigError, match="plain linear"):
+        drafter.bind(model.text.embed_tokens, torch.nn.Sequential(model.lm_head))
+
+
 def test_drafter_rejects_mismatched_target(target, tmp_path):
     model, cfg = target
     dcfg = drafter_config(cfg["text_config"], target_layer_ids=[0, 9])

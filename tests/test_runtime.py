@@ -41,8 +41,8 @@ class NoisyOracle:
             req = next(r for r in self.sched.running.values() if r.slot == s)
             base = int(cache.ctx_len[s]) - req.prompt.input_ids.numel() + 1
             ref = self.refs[req.rid]
-            for j in range(logits.shape[1]):
-                good = base + j < len(ref) and self.rng.random() < self.p
+            for j in range(logits.shape[1]):  # a draft vocabulary cannot propose ids past its end
+                good = base + j < len(ref) and ref[base + j] < vocab and self.rng.random() < self.p
                 tok = ref[base + j] if good else self.rng.randrange(vocab)
                 logits[i, j] = float("-inf")
                 logits[i, j, tok] = 0.0
@@ -73,13 +73,15 @@ def requests(engine, n, temperature):
     return out
 
 
-@pytest.mark.parametrize("temperature,p_accept,threshold", [(0.0, 0.8, 0.0), (0.9, 0.7, 0.0), (0.0, 0.9, 0.5)])
-def test_spec_equals_ar_with_joins_and_mixed_batches(engine, temperature, p_accept, threshold):
+@pytest.mark.parametrize("temperature,p_accept,threshold,draft_vocab",
+                         [(0.0, 0.8, 0.0, 0), (0.9, 0.7, 0.0, 0), (0.0, 0.9, 0.5, 0), (0.0, 0.9, 0.0, 300)])
+def test_spec_equals_ar_with_joins_and_mixed_batches(engine, temperature, p_accept, threshold, draft_vocab):
     reqs = requests(engine, 6, temperature)
     refs_alone = [run_alone(engine, pr, SamplingParams(**{**pa.__dict__, "mode": "ar"})) for pr, pa in reqs]
     real = engine.drafter
     old_threshold = real.config.selector_threshold
     real.config.selector_threshold = threshold
+    real.config.draft_vocab_size = draft_vocab
     sched = engine.scheduler(max_batch_size=4)
     oracle = NoisyOracle(real, sched, {}, p_accept, seed=7)
     engine.drafter = oracle
@@ -101,6 +103,7 @@ def test_spec_equals_ar_with_joins_and_mixed_batches(engine, temperature, p_acce
     finally:
         engine.drafter = real
         real.config.selector_threshold = old_threshold
+        real.config.draft_vocab_size = 0
     assert accepted > 10  # the oracle's drafts were really accepted
     for i, ref in enumerate(refs_alone):
         assert got[i] == ref, f"request {i}: spec/batched tokens differ from ar alone"

@@ -220,7 +220,8 @@ class DrafterConfig:
     """DFlash ``DFlashDraftModel`` config (Qwen3-style layers) plus the DFlash2 extensions.
 
     DFlash2 fields live in ``dflash_config`` and are off by default: ``local_conv_kernel`` (0 = off)
-    and ``selector_head`` (False = off) with its ``selector_threshold``.
+    and ``selector_head`` (False = off) with its ``selector_threshold``; ``draft_vocab_size`` (0 = the
+    whole vocabulary) drafts from the first ids only (a BPE vocabulary's most frequent tokens).
     """
 
     hidden_size: int
@@ -241,6 +242,7 @@ class DrafterConfig:
     local_conv_kernel: int = 0
     selector_head: bool = False
     selector_threshold: float = 0.5
+    draft_vocab_size: int = 0
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "DrafterConfig":
@@ -272,6 +274,7 @@ class DrafterConfig:
             local_conv_kernel=int(dflash.get("local_conv_kernel", 0)),
             selector_head=bool(dflash.get("selector_head", False)),
             selector_threshold=float(dflash.get("selector_threshold", 0.5)),
+            draft_vocab_size=int(dflash.get("draft_vocab_size", 0)),
         )
         if cfg.block_size < 2:
             raise ConfigError(f"drafter block_size={cfg.block_size} must be at least 2")
@@ -279,6 +282,12 @@ class DrafterConfig:
             raise ConfigError("drafter dflash_config.target_layer_ids is empty")
         if cfg.num_attention_heads % cfg.num_key_value_heads:
             raise ConfigError("drafter num_attention_heads is not a multiple of num_key_value_heads")
+        if cfg.draft_vocab_size < 0 or (cfg.vocab_size and cfg.draft_vocab_size > cfg.vocab_size):
+            raise ConfigError(f"drafter dflash_config.draft_vocab_size={cfg.draft_vocab_size} must be in "
+                              f"0..vocab_size ({cfg.vocab_size}); 0 drafts from the whole vocabulary")
+        if 0 < cfg.draft_vocab_size <= cfg.mask_token_id:
+            raise ConfigError(f"drafter dflash_config.draft_vocab_size={cfg.draft_vocab_size} leaves only special "
+                              f"tokens (mask_token_id={cfg.mask_token_id}) to draft")
         return cfg
 
     def to_hf(self) -> dict[str, Any]:
@@ -305,6 +314,7 @@ class DrafterConfig:
                 "local_conv_kernel": self.local_conv_kernel,
                 "selector_head": self.selector_head,
                 "selector_threshold": self.selector_threshold,
+                **({"draft_vocab_size": self.draft_vocab_size} if self.draft_vocab_size else {}),
             },
         }
 

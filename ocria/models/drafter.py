@@ -14,7 +14,10 @@ Tensors of one drafting call (batch B, block size Bs, drafter hidden H, n = len(
   ``h = h + conv(h)``, a depthwise causal conv over the Bs block positions, weight
   ``layers.i.local_conv.weight`` [H, 1, Kc] (zero left padding: position 0 sees only itself).
 - output ``out = norm(h)`` [B, Bs, H]; drafted logits ``target.lm_head(out[:, 1:])`` [B, Bs-1, V]:
-  mask slot j predicts the token at block position j.
+  mask slot j predicts the token at block position j. With ``draft_vocab_size`` = Vd > 0 only the
+  head's first Vd rows run (logits [B, Bs-1, Vd], ids < Vd): at a 248k vocabulary the full head
+  rereads 1 GB per step, as much as the target's own head. Verification treats the drafts as any
+  others, so output stays lossless; only ids >= Vd can no longer be drafted.
 - DFlash2 (b), ``selector_head``: ``conf = sigmoid(selector_head(out[:, 1:]))`` [B, Bs-1]; the
   number of drafts sent for verification is the length of the leading run with
   ``conf >= selector_threshold`` (acceptance is capped there; it never changes which tokens win).
@@ -133,6 +136,9 @@ class DFlash2Drafter(nn.Module):
             raise ConfigError(
                 f"drafter hidden_size={self.config.hidden_size} differs from the target's "
                 f"{embed_tokens.weight.shape[1]}")
+        if self.config.draft_vocab_size and type(lm_head) is not nn.Linear:
+            raise ConfigError(f"drafter draft_vocab_size={self.config.draft_vocab_size} needs the target's LM head "
+                              f"as a plain linear, got {type(lm_head).__name__} (leave the head unquantized)")
         object.__setattr__(self, "embed_tokens", embed_tokens)
         object.__setattr__(self, "lm_head", lm_head)
         return self
@@ -163,7 +169,8 @@ class DFlash2Drafter(nn.Module):
 
     def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
               attn_len: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """Draft Bs-1 tokens after ``last_tokens`` [B]. Returns (logits [B, Bs-1, V] in the model dtype, conf or None).
+        """Draft Bs-1 tokens after ``last_tokens`` [B]. Returns (logits [B, Bs-1, V or Vd] in the model dtype,
+        conf or None).
 
         The block's K/V are written past the context and dropped (``ctx_len`` does not move).
         """
@@ -181,7 +188,12 @@ class DFlash2Drafter(nn.Module):
             x, delta = layer(x, delta, cos, sin, k_cache, v_cache, slots, start, index, attn_len)
         out = self.norm.add(x, delta)[1][:, 1:]
         conf = torch.sigmoid(self.selector_head(out).float())[..., 0] if self.config.selector_head else None
-        return self.lm_head(out), conf
+        return self.head(out), conf
+
+    def head(self, out: Tensor) -> Tensor:
+        """Drafted logits: the target's LM head, or its first ``draft_vocab_size`` rows."""
+        vd = self.config.draft_vocab_size
+        return F.linear(out, self.lm_head.weight[:vd]) if vd else self.lm_head(out)
 
     def propose(self, logits: Tensor, cache: DrafterCache, slots: Tensor) -> Tensor:
         """Drafted tokens [B, Bs-1] from the drafted logits (greedy; a hook benchmarks override)."""
