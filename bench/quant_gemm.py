@@ -29,7 +29,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from timing import time_calls
+from timing import copy_bandwidth, time_calls
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
@@ -45,14 +45,6 @@ LEVER_CONFIGS = [
     {"BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 4},
     {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 8, "num_stages": 4},
 ]
-
-
-def copy_bandwidth() -> float:
-    """Copy bandwidth in bytes/s (read + written) of an SM kernel over 1 GiB fp32 buffers. (A
-    graph-captured ``copy_`` is a memcpy node, which measured 2.7 TB/s on the H200: not a ceiling.)"""
-    a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * 4 * a.numel() / (time_calls([lambda: torch.mul(a, 1.0, out=b)], min_calls=10) * 1e-6)
 
 
 def make_weights(k: int, n: int) -> dict:

@@ -31,6 +31,7 @@ import time
 import torch
 import triton
 import triton.language as tl
+from timing import copy_bandwidth
 
 from ocria.plugins.replay_ssm import kernel as K
 from ocria.plugins.replay_ssm import reference as R
@@ -132,16 +133,6 @@ def _time_us(calls, device, reps=15):
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / len(calls))
     return statistics.median(times), method
-
-
-def copy_bandwidth(device) -> float:
-    """Device-to-device copy, bytes read + written per second."""
-    if device.type != "cuda":
-        return float("nan")
-    x = torch.randn(1 << 28, device=device)
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
-    return 2 * x.numel() * 4 / (ms * 1e-3)
 
 
 def make_buffers(n_slots, Hk, Hv, Dk, Dv, Tmax, C, KW, device, gen, pending):
@@ -398,7 +389,7 @@ def main() -> None:
         os.replace(args.out + ".tmp", args.out)
 
     if args.launch_ab:
-        bw = copy_bandwidth(device)
+        bw = copy_bandwidth() if device.type == "cuda" else float("nan")
         result["copy_bandwidth_GBps"] = bw / 1e9
         launch_ab(args, heads, device, bw if device.type == "cuda" else 1e12, rotate, result, save)
         return
@@ -409,7 +400,7 @@ def main() -> None:
     result["dot_precision"] = {str(k).removeprefix("torch."): v for k, v in K.DOT_PRECISION.items()}
     print(json.dumps(result["correctness"], indent=1), json.dumps(result["cross_check_fp32"]))
 
-    bw = copy_bandwidth(device)
+    bw = copy_bandwidth() if device.type == "cuda" else float("nan")
     result["copy_bandwidth_GBps"] = bw / 1e9
     if device.type != "cuda":
         bw = 1e12  # nominal, so the smoke run exercises the floor arithmetic

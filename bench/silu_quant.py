@@ -24,7 +24,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from timing import save_json, time_calls
+from timing import copy_bandwidth, save_json, time_calls
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.silu_quant import quantize_act_reference, silu_mul_quant, silu_mul_quant_reference
@@ -35,14 +35,6 @@ MODES = ("bf16", "fp8_static", "fp8_dynamic", "nvfp4")
 SWEEP = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
          (4, 2048, 8)]  # (rows, columns, warps) per program
 SWEEP_DYNAMIC = [(1, 1024, 4), (1, 2048, 8), (1, 4096, 8), (2, 1024, 8)]
-
-
-def copy_bandwidth() -> float:
-    """Copy bandwidth in bytes/s (read + written) of an SM kernel over 1 GiB fp32 buffers. (A
-    graph-captured ``copy_`` is a memcpy node, which measured 2.7 TB/s on the H200: not a ceiling.)"""
-    a = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * 4 * a.numel() / (time_calls([lambda: torch.mul(a, 1.0, out=b)], min_calls=10) * 1e-6)
 
 
 def unfused(gate_up: torch.Tensor, mode: str, scale: torch.Tensor | None):
