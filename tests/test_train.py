@@ -343,6 +343,13 @@ def _trained_pair(tiny_preset):
     return target, drafter
 
 
+def test_trained_models_run_the_reference_ops(tiny_preset):
+    """Training needs autograd, which the plugin kernels do not have: both builders switch them off."""
+    target, drafter = _trained_pair(tiny_preset)
+    switches = [m.use_kernel for model in (target, drafter) for m in model.modules() if hasattr(m, "use_kernel")]
+    assert switches and all(s is False for s in switches)
+
+
 def test_block_forward_equals_the_inference_drafting_path(tiny_preset):
     torch.manual_seed(0)
     target, drafter = _trained_pair(tiny_preset)

@@ -27,6 +27,7 @@ DECAY = 7.0
 
 def build_drafter(drafter_cfg: dict, target: OCRiaForConditionalGeneration, seed: int) -> DFlash2Drafter:
     drafter = random_init(DFlash2Drafter(DrafterConfig.from_dict(drafter_cfg)), seed)
+    drafter.set_plugins(False)  # autograd needs the references (the kernels have no backward)
     return drafter.bind(target.text.embed_tokens, target.lm_head).train()
 
 
