@@ -212,6 +212,33 @@ def test_plugin_path_matches_reference_path(dtype):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
+def test_fused_projections_are_the_same_drafter_with_fewer_gemms():
+    """fuse_projections: q/k/v of the block and k/v of the context are one GEMM per layer each."""
+    import copy
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from ocria.builder.presets import load_preset, random_models
+
+    _, plain = random_models(load_preset("ocria-mini"), "cpu", torch.float32)
+    fused = copy.deepcopy(plain).bind(plain.embed_tokens, plain.lm_head)
+    fused.fuse_projections()
+    dc = plain.config
+    feats = torch.randn(2, 7, len(dc.target_layer_ids) * dc.hidden_size)
+    slots, counts, last = torch.tensor([1, 0]), torch.tensor([7, 4]), torch.tensor([13, 42])
+    out, gemms = {}, {}
+    for name, drafter in (("plain", plain), ("fused", fused)):
+        cache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, 2, 48, torch.float32)
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            drafter.append_context(feats, counts, cache, slots)
+            out[name] = (*drafter.draft(last, cache, slots, attn_len=32), cache.k[-1].clone(), cache.v[-1].clone())
+        gemms[name] = sum(e.name == "aten::linear" for e in prof.events())
+    for got, want in zip(out["fused"], out["plain"]):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    layers = dc.num_hidden_layers
+    assert gemms["plain"] - gemms["fused"] == 4 * layers  # per layer: q,k,v 3 -> 1, gate,up 2 -> 1, context k,v 2 -> 1
+
+
 def test_cached_rope_is_the_computed_rope():
     """The per-cache-length cos/sin table gathers exactly what the per-call computation gives."""
     from ocria.builder.presets import load_preset, random_models

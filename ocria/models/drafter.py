@@ -41,6 +41,7 @@ from ocria.models.layers import (
     dense,
     fuse_linears,
     inverse_frequencies,
+    project,
     rope_cos_sin,
     set_plugins,
 )
@@ -72,9 +73,13 @@ class DrafterAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        B, T, _ = x.shape
-        k = dense(self.k_proj, x, self.use_kernel).view(B, T, self.num_kv_heads, self.head_dim)
-        return self.k_norm.rope(k, cos, sin), dense(self.v_proj, x, self.use_kernel).view(B, T, self.num_kv_heads, -1)
+        """Keys (normed, rotated) and values [B, T, kv heads, D] of x: one GEMM when fused."""
+        return self.kv_heads(*project(self, x, ("k_proj", "v_proj")), cos, sin)
+
+    def kv_heads(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        B, T, _ = k.shape
+        k = self.k_norm.rope(k.view(B, T, self.num_kv_heads, self.head_dim), cos, sin)
+        return k, v.view(B, T, self.num_kv_heads, -1)
 
 
 class DrafterLayer(nn.Module):
@@ -102,9 +107,9 @@ class DrafterLayer(nn.Module):
         x, h = self.input_layernorm.add(x, delta)
         attn = self.self_attn
         B, T, _ = x.shape
-        q = attn.q_norm.rope(dense(attn.q_proj, h, attn.use_kernel).view(B, T, attn.num_heads, attn.head_dim),
-                             cos, sin)
-        k, v = attn.kv(h, cos, sin)
+        q, k, v = project(attn, h, ("q_proj", "k_proj", "v_proj"))  # one GEMM when fused
+        q = attn.q_norm.rope(q.view(B, T, attn.num_heads, attn.head_dim), cos, sin)
+        k, v = attn.kv_heads(k, v, cos, sin)
         write_kv(k_cache, v_cache, k, v, *index)
         o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
                              attn.head_dim**-0.5, causal_block=False, use_kernel=attn.use_kernel)
@@ -144,8 +149,9 @@ class DFlash2Drafter(nn.Module):
         return self
 
     def fuse_projections(self) -> None:
-        """Inference: each layer's gate/up projections as one GEMM."""
+        """Inference: each layer's q/k/v (k/v alone for context tokens) and gate/up projections as one GEMM."""
         for layer in self.layers:
+            fuse_linears(layer.self_attn, ("q_proj", "k_proj", "v_proj"))
             fuse_linears(layer.mlp, ("gate_proj", "up_proj"))
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

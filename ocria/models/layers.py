@@ -95,18 +95,20 @@ def fuse_linears(module: nn.Module, names: tuple[str, ...]) -> None:
     """Let ``project`` run the named bias-free linears of ``module`` (same input) as one GEMM.
 
     The weights are concatenated once and the original parameters become views into the fused
-    tensor, so memory is not duplicated and checkpoints keep their HF names. Linears replaced by
-    quantized executors are left alone (one launch fewer is not worth a format mix-up).
+    tensor, so memory is not duplicated and checkpoints keep their HF names. Every trailing run of the
+    names (``k_proj, v_proj`` of ``q_proj, k_proj, v_proj``) is a fused group too, a view of the tail.
+    Linears replaced by quantized executors are left alone (one launch fewer is not worth a format mix-up).
     """
     linears = [getattr(module, n) for n in names]
     if not all(type(lin) is nn.Linear and lin.bias is None for lin in linears):
         return
     fused = torch.cat([lin.weight.detach() for lin in linears])
-    offset = 0
-    for lin in linears:
+    offset, groups = 0, module.__dict__.setdefault("_fused", {})
+    sizes = [lin.out_features for lin in linears]
+    for i, lin in enumerate(linears):
         lin.weight = nn.Parameter(fused[offset:offset + lin.out_features], requires_grad=False)
+        groups[names[i:]] = (fused[offset:], sizes[i:])
         offset += lin.out_features
-    module.__dict__.setdefault("_fused", {})[names] = (fused, [lin.out_features for lin in linears])
 
 
 def fused_group(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, list[int]] | None:
@@ -116,11 +118,11 @@ def fused_group(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, list
 
 def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tensor, ...]:
     """Apply the named linears of ``module`` to x (one GEMM when ``fuse_linears`` prepared them)."""
-    fused = fused_group(module, names)
+    fused, use_kernel = fused_group(module, names), getattr(module, "use_kernel", None)
     if fused is None:
-        return tuple(getattr(module, n)(x) for n in names)
+        return tuple(dense(getattr(module, n), x, use_kernel) for n in names)
     weight, sizes = fused
-    return decode_gemm(x, weight, use_kernel=getattr(module, "use_kernel", None)).split(sizes, dim=-1)
+    return decode_gemm(x, weight, use_kernel=use_kernel).split(sizes, dim=-1)
 
 
 def dense(linear: nn.Module, x: Tensor, use_kernel: bool | None) -> Tensor:
