@@ -4,6 +4,7 @@
 # The state lives in .train/ (ignored: echo /.train/ >> .git/info/exclude). Each call resumes it,
 # works for BUDGET_S seconds, and mirrors it to $OUT/train (every file <= 15 MiB, <= 8 files).
 # Between calls, replace .train with the returned $OUT/train and carry it: run(carry=[".train"]).
+# Between calls, `python -m ocria.train probe --state .train` (CPU, seconds) gives the target's greedy CER now.
 # Repeat until `python -m ocria.train status --state .train` says stage "done", then
 # `python -m ocria.train ship --state .train` copies target/ and drafter/ into ocria/assets/ocria-mini.
 # The defaults (ocria/train/run.py TrainConfig) are the plan for ~3 calls: 5600 target steps on every
