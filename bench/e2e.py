@@ -353,6 +353,16 @@ def record_table_check(results, table, start, tokens, row, precision: str) -> bo
     return ok
 
 
+def set_draft_vocab(drafter, args) -> None:
+    """``--draft-vocab N`` overrides the preset's ``draft_vocab_size`` (0: the whole vocabulary), for A/B runs."""
+    if args.draft_vocab is None:
+        return
+    vocab, mask = drafter.config.vocab_size or drafter.lm_head.weight.shape[0], drafter.config.mask_token_id
+    if not (args.draft_vocab == 0 or mask < args.draft_vocab <= vocab):
+        raise SystemExit(f"--draft-vocab {args.draft_vocab}: must be 0 (all ids) or in {mask + 1}..{vocab}")
+    drafter.config.draft_vocab_size = args.draft_vocab
+
+
 def plugin_switch(args) -> bool | None:
     """``--plugins on``: every kernel on CUDA except those named in OCRIA_DISABLE_KERNELS (A/B runs)."""
     return None if args.plugins == "on" else False
@@ -361,6 +371,7 @@ def plugin_switch(args) -> bool | None:
 def fp32_check(preset, prompt, args, results) -> bool:
     """spec == ar on the same weights in fp32 (oracle and tau=8), where no tie should flip."""
     target, drafter = random_models(preset, "cuda", torch.float32)
+    set_draft_vocab(drafter, args)
     target.text.set_plugins(plugin_switch(args))
     table = torch.zeros(args.fp32_check + 1, prompt.input_ids.numel() + args.tokens * 2 + 64, dtype=torch.long,
                         device="cuda")
@@ -514,6 +525,7 @@ def main() -> int:
     ap.add_argument("--hf", type=int, nargs="*", default=[1, 8], help="HF generate baseline batch sizes")
     ap.add_argument("--plugins", choices=("on", "off"), default="on", help="ReplaySSM Triton kernels or reference")
     ap.add_argument("--no-fuse", action="store_true", help="keep projections as separate GEMMs")
+    ap.add_argument("--draft-vocab", type=int, help="drafter's draft_vocab_size instead of the preset's (0: all ids)")
     ap.add_argument("--recipe", default="bf16",
                     help="quantize the target's weights with this recipe (no calibration: ocria.quant.direct)")
     ap.add_argument("--out", default="bench/results/e2e_h200.json")
@@ -522,6 +534,7 @@ def main() -> int:
     preset = load_preset(args.preset)
     bw = copy_bandwidth()
     target, drafter = random_models(preset, "cuda", torch.bfloat16)
+    set_draft_vocab(drafter, args)
     formats = quantize_in_place(target, load_recipe(args.recipe)) if args.recipe != "bf16" else {}
     target.text.set_plugins(plugin_switch(args))
     drafter.set_plugins(plugin_switch(args))
@@ -537,7 +550,7 @@ def main() -> int:
                "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
                "disabled_kernels": sorted(disabled_kernels()), "recipe": args.recipe,
                "quantized_layers": {f: list(formats.values()).count(f) for f in set(formats.values())},
-               "fused_projections": not args.no_fuse,
+               "fused_projections": not args.no_fuse, "draft_vocab_size": drafter.config.draft_vocab_size,
                "prompt_tokens": prompt.input_ids.numel(),
                "copy_bandwidth_GBps": bw / 1e9, "target_params": sum(p.numel() for p in target.text.parameters()),
                "drafter_params": sum(p.numel() for p in drafter.parameters()), "runs": [], "lossless": [],

@@ -10,6 +10,7 @@ import io
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from ocria.data import generate
@@ -109,6 +110,17 @@ def test_agreement_covers_every_token_the_timed_run_emits():
     # three steps of a pass; the timed run (want 8) stops after the second, with a fast row at 40
     lengths = [[3, 17], [10, 40], [20, 60]]
     assert e2e.agreed_lengths(lengths, 8, BLOCK) == [10 + BLOCK, 40 + BLOCK]
+
+
+def test_draft_vocab_override_is_checked():
+    drafter = SimpleNamespace(config=SimpleNamespace(vocab_size=512, mask_token_id=6, draft_vocab_size=300))
+    e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=None))
+    assert drafter.config.draft_vocab_size == 300  # the preset's
+    e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=0))
+    assert drafter.config.draft_vocab_size == 0
+    for bad in (-1, 6, 513):
+        with pytest.raises(SystemExit, match="draft-vocab"):
+            e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=bad))
 
 
 def test_check_table_reports_the_first_wrong_position():
