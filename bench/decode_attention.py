@@ -16,14 +16,13 @@ CPU smoke run (Triton interpreter, small contexts, checks only, no timing):
 
 import argparse
 import datetime
-import json
 import shlex
 import sys
 import time
 from functools import partial
 
 import torch
-from timing import save_json, time_calls
+from timing import finish, save_json, time_calls
 
 from ocria.builder.presets import load_preset
 from ocria.plugins.decode_attention.kernel import (
@@ -124,12 +123,7 @@ def main() -> None:
                     print(f"{shape['name']:14s} {B:3d} {ctx:5d} {r['auto_splits']:4d} checked chunk counts "
                           f"{list(r['max_rel_err'])}: {err:.1e}", flush=True)
                 save_json(result, args.out)
-    result["ok"] = all(r["ok"] for r in rows)
-    result["seconds"] = time.time() - t0
-    save_json(result, args.out)
-    print(json.dumps({"ok": result["ok"], "seconds": round(result["seconds"], 1)}))
-    if not result["ok"]:
-        sys.exit(1)
+    finish(result, rows, t0, args.out)
 
 
 if __name__ == "__main__":

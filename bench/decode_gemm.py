@@ -20,7 +20,6 @@ CPU smoke run (Triton interpreter, shapes shrunk 64x, checks only, no timing):
 
 import argparse
 import datetime
-import json
 import shlex
 import sys
 import time
@@ -28,7 +27,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from timing import copy_bandwidth, save_json, time_calls
+from timing import copy_bandwidth, finish, save_json, time_calls
 
 from ocria.builder.presets import load_preset
 from ocria.plugins.decode_gemm import decode_gemm_fp32, decode_gemm_triton, default_config
@@ -172,12 +171,7 @@ def main() -> None:
             result["step"][M] = step
             print(f"step M={M:>2}: linears {nbytes / 1e6:.0f} MB, cuBLAS {cub:.0f} µs ({step['cublas_frac']:.2f}), "
                   f"ours {ours:.0f} µs ({step['ours_frac']:.2f})")
-    result["ok"] = all(r["ok"] for r in rows)
-    result["seconds"] = time.time() - t0
-    save_json(result, args.out)
-    print(json.dumps({"ok": result["ok"], "seconds": round(result["seconds"], 1)}))
-    if not result["ok"]:
-        sys.exit(1)
+    finish(result, rows, t0, args.out)
 
 
 if __name__ == "__main__":

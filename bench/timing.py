@@ -3,6 +3,8 @@
 import json
 import os
 import statistics
+import sys
+import time
 
 import torch
 
@@ -50,6 +52,17 @@ def copy_bandwidth() -> float:
         times.append(start.elapsed_time(end) / 1e3)
     del x, y
     return 2 * (2 << 30) / statistics.median(times)
+
+
+def finish(result: dict, rows: list[dict], t0: float, path: str) -> None:
+    """Close a checked benchmark: ``ok`` (every row's check), wall seconds, final save, one JSON line;
+    exit code 1 when a check failed."""
+    result["ok"] = all(r["ok"] for r in rows)
+    result["seconds"] = time.time() - t0
+    save_json(result, path)
+    print(json.dumps({"ok": result["ok"], "seconds": round(result["seconds"], 1)}))
+    if not result["ok"]:
+        sys.exit(1)
 
 
 def save_json(result: dict, path: str) -> None:
