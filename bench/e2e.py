@@ -47,6 +47,7 @@ import torch
 
 from ocria.builder.presets import load_preset, random_models
 from ocria.data import LONG_PAGE, generate
+from ocria.errors import ConfigError
 from ocria.models import DrafterCache, TargetCache
 from ocria.models.cache import cache_tensors
 from ocria.models.config import LINEAR
@@ -357,9 +358,10 @@ def set_draft_vocab(drafter, args) -> None:
     """``--draft-vocab N`` overrides the preset's ``draft_vocab_size`` (0: the whole vocabulary), for A/B runs."""
     if args.draft_vocab is None:
         return
-    vocab, mask = drafter.config.vocab_size or drafter.lm_head.weight.shape[0], drafter.config.mask_token_id
-    if not (args.draft_vocab == 0 or mask < args.draft_vocab <= vocab):
-        raise SystemExit(f"--draft-vocab {args.draft_vocab}: must be 0 (all ids) or in {mask + 1}..{vocab}")
+    try:
+        drafter.config.check_draft_vocab(args.draft_vocab, drafter.lm_head.weight.shape[0])
+    except ConfigError as e:
+        raise SystemExit(f"--draft-vocab {args.draft_vocab}: {e}") from None
     drafter.config.draft_vocab_size = args.draft_vocab
 
 

@@ -113,7 +113,12 @@ def test_agreement_covers_every_token_the_timed_run_emits():
 
 
 def test_draft_vocab_override_is_checked():
-    drafter = SimpleNamespace(config=SimpleNamespace(vocab_size=512, mask_token_id=6, draft_vocab_size=300))
+    from ocria.models.config import DrafterConfig
+
+    config = DrafterConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
+                           num_key_value_heads=1, head_dim=8, vocab_size=512, block_size=4, mask_token_id=6,
+                           target_layer_ids=[0], num_target_layers=1, draft_vocab_size=300)
+    drafter = SimpleNamespace(config=config, lm_head=SimpleNamespace(weight=torch.empty(512, 8)))
     e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=None))
     assert drafter.config.draft_vocab_size == 300  # the preset's
     e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=0))

@@ -282,13 +282,19 @@ class DrafterConfig:
             raise ConfigError("drafter dflash_config.target_layer_ids is empty")
         if cfg.num_attention_heads % cfg.num_key_value_heads:
             raise ConfigError("drafter num_attention_heads is not a multiple of num_key_value_heads")
-        if cfg.draft_vocab_size < 0 or (cfg.vocab_size and cfg.draft_vocab_size > cfg.vocab_size):
-            raise ConfigError(f"drafter dflash_config.draft_vocab_size={cfg.draft_vocab_size} must be in "
-                              f"0..vocab_size ({cfg.vocab_size}); 0 drafts from the whole vocabulary")
-        if 0 < cfg.draft_vocab_size <= cfg.mask_token_id:
-            raise ConfigError(f"drafter dflash_config.draft_vocab_size={cfg.draft_vocab_size} leaves only special "
-                              f"tokens (mask_token_id={cfg.mask_token_id}) to draft")
+        cfg.check_draft_vocab(cfg.draft_vocab_size)
         return cfg
+
+    def check_draft_vocab(self, size: int, vocab: int = 0) -> None:
+        """A ``draft_vocab_size`` must leave real tokens to draft and fit the vocabulary (``vocab``, or the
+        config's own ``vocab_size``; unchecked when both are 0). 0 drafts from the whole vocabulary."""
+        vocab = vocab or self.vocab_size
+        if size < 0 or (vocab and size > vocab):
+            raise ConfigError(f"drafter dflash_config.draft_vocab_size={size} must be in "
+                              f"0..vocab_size ({vocab}); 0 drafts from the whole vocabulary")
+        if 0 < size <= self.mask_token_id:
+            raise ConfigError(f"drafter dflash_config.draft_vocab_size={size} leaves only special "
+                              f"tokens (mask_token_id={self.mask_token_id}) to draft")
 
     def to_hf(self) -> dict[str, Any]:
         return {
