@@ -174,9 +174,12 @@ class _Cursor:
         indent = text_width("00. ", self.face, self.size)
         out = []
         for i, item in enumerate(items, 1):
-            ws = self.fit_words(item.split(), self.size, self.avail - indent)
-            if not ws or not self.fits(self.size):
+            if not self.fits(self.size):
                 break
+            room = self.avail - indent
+            ws = self.fit_words([w for w in item.split() if text_width(w, self.face, self.size) <= room], self.size, room)
+            if not ws:
+                continue  # a narrow page at a large font: no word of this item fits beside the marker
             shown = f"{i}." if ordered else marker
             self.put(self.left + indent - text_width(shown + " ", self.face, self.size), shown, self.size)
             self.put(self.left + indent, " ".join(ws), self.size)
