@@ -2,6 +2,7 @@
 distillation (against the inference drafting path), export that loads unchanged, the CLI end to end."""
 
 import dataclasses
+import io
 import json
 import math
 
@@ -10,12 +11,14 @@ import torch
 import yaml
 
 from ocria.builder.presets import CONFIG_DIR, load_preset
+from ocria.data import generate
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
 from ocria.models.gdn import gated_delta_rule
 from ocria.plugins.replay_ssm.reference import delta_step, l2norm
+from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
 from ocria.train.__main__ import main as train_main
-from ocria.train.data import IGNORE, image_swap_pair, loader
+from ocria.train.data import IGNORE, encode, image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
 from ocria.train.export import export_model, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
@@ -148,6 +151,18 @@ def test_batches_teach_only_the_answer(batch):
         assert int(keep.sum()) == int(batch.seq_len[b] - batch.prompt_len[b])
         assert int(batch.labels[b][keep][-1]) == 2  # the answer ends with <|im_end|>
         assert torch.equal(batch.labels[b, first:first + 5], batch.input_ids[b, first + 1:first + 6])
+
+
+def test_training_prompt_is_the_inference_prompt_of_the_png(tiny_preset):
+    """Training encodes the rendered page directly; serving decodes its PNG: same ids and pixels."""
+    processor = Processor(load_preset(tiny_preset).assets)
+    for seed in range(3):
+        doc = generate(seed)
+        png = io.BytesIO()
+        doc.image.save(png, format="PNG")
+        served, trained = processor.prepare(png.getvalue()), encode(processor, doc)
+        assert torch.equal(trained.pixel_values, served.pixel_values)
+        assert torch.equal(trained.input_ids[:trained.prompt_len], served.input_ids)
 
 
 def _first_gdn_at_answer(model, batch, pixel_values):

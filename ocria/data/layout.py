@@ -177,7 +177,8 @@ class _Cursor:
             if not self.fits(self.size):
                 break
             room = self.avail - indent
-            ws = self.fit_words([w for w in item.split() if text_width(w, self.face, self.size) <= room], self.size, room)
+            fitting = [w for w in item.split() if text_width(w, self.face, self.size) <= room]
+            ws = self.fit_words(fitting, self.size, room)
             if not ws:
                 continue  # a narrow page at a large font: no word of this item fits beside the marker
             shown = f"{i}." if ordered else marker

@@ -44,22 +44,10 @@ class Processor:
     def from_engine_dir(cls, engine_dir: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> "Processor":
         return cls(Path(engine_dir) / "tokenizer", max_pixels)
 
-    def load_image(self, image: bytes | str | Path) -> Image.Image:
-        """Decode an image from bytes or a path; one-line RequestError on anything unusable."""
-        if isinstance(image, (str, Path)):
-            path = Path(image)
-            if not path.is_file():
-                raise RequestError(f"{path}: image file not found")
-            data, name = path.read_bytes(), str(path)
-        else:
-            data, name = bytes(image), "image"
-        if not data:
-            raise RequestError(f"{name}: image is empty (0 bytes)")
-        try:
-            img = Image.open(io.BytesIO(data))
-            img.load()
-        except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-            raise RequestError(f"{name}: not a readable image ({type(e).__name__})") from None
+    def load_image(self, image: bytes | str | Path | Image.Image) -> Image.Image:
+        """Decode an image from bytes or a path, or take a decoded one (training's rendered pages skip a
+        PNG round trip); one-line RequestError on anything unusable."""
+        img, name = (image, "image") if isinstance(image, Image.Image) else _decode(image)
         w, h = img.size
         if w * h == 0:
             raise RequestError(f"{name}: image has no pixels ({w}x{h})")
@@ -67,7 +55,7 @@ class Processor:
             raise RequestError(f"{name}: image is {w}x{h} = {w * h} pixels, over the limit of {self.max_pixels}")
         return img.convert("RGB")
 
-    def prepare(self, image: bytes | str | Path, prompt: str | None = None) -> PreparedPrompt:
+    def prepare(self, image: bytes | str | Path | Image.Image, prompt: str | None = None) -> PreparedPrompt:
         img = self.load_image(image)
         out = self.image_processor(images=[img], return_tensors="pt")
         pixel_values, grid = out["pixel_values"].float(), out["image_grid_thw"].long()
@@ -77,3 +65,22 @@ class Processor:
         tail = self.tokenizer.encode(f"{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
         ids = head + [self.vision_start_id] + [self.image_token_id] * n_image_tokens + [self.vision_end_id] + tail
         return PreparedPrompt(torch.tensor(ids, dtype=torch.long), pixel_values, grid)
+
+
+def _decode(image: bytes | str | Path) -> tuple[Image.Image, str]:
+    """(decoded image, name for errors) from encoded bytes or a file path."""
+    if isinstance(image, (str, Path)):
+        path = Path(image)
+        if not path.is_file():
+            raise RequestError(f"{path}: image file not found")
+        data, name = path.read_bytes(), str(path)
+    else:
+        data, name = bytes(image), "image"
+    if not data:
+        raise RequestError(f"{name}: image is empty (0 bytes)")
+    try:
+        img = Image.open(io.BytesIO(data))
+        img.load()
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+        raise RequestError(f"{name}: not a readable image ({type(e).__name__})") from None
+    return img, name

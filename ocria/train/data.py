@@ -7,7 +7,6 @@ ms per document, so ``loader`` spreads it over DataLoader worker processes.
 """
 
 import dataclasses
-import io
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -49,10 +48,9 @@ class Batch:
 
 
 def encode(processor: Processor, doc: Document) -> Sample:
-    """The exact inference prompt (``Processor.prepare`` on the page's lossless PNG) plus the answer."""
-    png = io.BytesIO()
-    doc.image.save(png, format="PNG", compress_level=1)
-    prompt = processor.prepare(png.getvalue())
+    """The exact inference prompt (``Processor.prepare`` on the rendered page, the pixels its lossless PNG
+    would decode to) plus the answer."""
+    prompt = processor.prepare(doc.image)
     answer = processor.tokenizer.encode(doc.markdown, add_special_tokens=False) + [processor.eos_token_id]
     ids = torch.cat([prompt.input_ids, torch.tensor(answer, dtype=torch.long)])
     positions, _ = mrope_positions(ids, prompt.image_grid_thw, processor.image_token_id, processor.merge)
