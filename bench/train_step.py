@@ -1,0 +1,149 @@
+"""What one target training step of ``python -m ocria.train`` costs: ops dispatched per phase, activation
+bytes kept for backward, and (on CUDA) wall time per step and peak memory for several batch sizes.
+
+A step of a small model dispatches thousands of tiny kernels; when the Python side issuing them is the
+bottleneck, the step time barely grows with the batch and a bigger batch is nearly free throughput.
+
+    python bench/train_step.py --device cpu --batch 4 16 --out bench/results/train_step_cpu.json
+    python bench/train_step.py --batch 64 128 256 --out bench/results/train_step_h200.json
+"""
+
+import argparse
+import collections
+import datetime as dt
+import statistics
+import sys
+import time
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from bench.timing import save_json
+from ocria.builder.presets import load_preset
+from ocria.train.data import loader
+from ocria.train.gdn_chunked import chunked_gdn
+from ocria.train.optim import FlatAdamW
+from ocria.train.target import build_target, target_loss
+from ocria.train.vision_batched import batched_vision
+
+INERT = {  # dispatched ops that launch no kernel
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "expand", "slice", "select", "unsqueeze",
+    "squeeze", "permute", "as_strided", "split", "split_with_sizes", "alias", "detach", "unbind", "narrow", "chunk",
+    "empty", "empty_like", "empty_strided", "unflatten", "flatten", "diagonal", "view_as_real", "lift_fresh",
+}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the ATen ops that would launch a kernel, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in INERT:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_parts(model, opt, batch, device: str):
+    """The training loop's step (ocria.train.run.Run._loop) as three closures: forward, backward, update."""
+    autocast = torch.autocast("cuda", torch.bfloat16, enabled=device == "cuda")
+    state = {}
+
+    def forward():
+        with autocast, chunked_gdn(), batched_vision():
+            state["loss"] = target_loss(model, batch)
+
+    def backward():
+        opt.zero_grad()
+        state["loss"].backward()
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    return forward, backward, update
+
+
+def saved_bytes(forward) -> int:
+    """Bytes of the distinct storages autograd keeps for backward."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        forward()
+    return sum(storages.values())
+
+
+def measure(preset, batch_size: int, device: str, steps: int) -> dict:
+    model = build_target(preset.target, preset.seed).to(device)
+    opt = FlatAdamW(model, 1e-4, 0.05)
+    batches = loader(preset.assets, batch_size, 100, 4 if device == "cuda" else 0)
+    it = iter(batches)
+    batch = next(it).to(device)
+    forward, backward, update = step_parts(model, opt, batch, device)
+    row = {"batch": batch_size, "seq_len": int(batch.input_ids.shape[1]), "patches": int(batch.pixel_values.shape[0])}
+    counts = {}
+    for name, part in (("forward", forward), ("backward", backward), ("update", update)):
+        with OpCounter() as counter:
+            part()
+        counts[name] = sum(counter.ops.values())
+    row["ops"] = counts
+    row["ops_per_step"] = sum(counts.values())
+    row["saved_GB"] = saved_bytes(forward) / 1e9
+    backward()
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        times = []
+        for i in range(steps + 3):  # the same batch each step: the loader's speed is not measured here
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            forward()
+            backward()
+            update()
+            torch.cuda.synchronize()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        row["step_ms"] = statistics.median(times) * 1e3
+        row["documents_per_s"] = batch_size / statistics.median(times)
+        row["peak_GB"] = torch.cuda.max_memory_allocated() / 1e9
+    del it, batches
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="ocria-mini")
+    ap.add_argument("--batch", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per batch size (CUDA)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default="bench/results/train_step_h200.json")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    preset = load_preset(args.preset)
+    result = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+        "command": " ".join(["python"] + sys.argv),
+        "torch": torch.__version__,
+        "preset": args.preset,
+        "rows": [],
+    }
+    heads = ("batch", "seq", "ops fwd/bwd/upd", "saved GB", "step ms", "docs/s", "peak GB")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(heads, (6, 5, 18, 9, 8, 8, 8))))
+    for b in args.batch:
+        row = measure(preset, b, args.device, args.steps)
+        result["rows"].append(row)
+        save_json(result, args.out)
+        ops = "/".join(str(row["ops"][k]) for k in ("forward", "backward", "update"))
+        print(f"{b:>6} {row['seq_len']:>5} {ops:>18} {row['saved_GB']:>9.2f} {row.get('step_ms', float('nan')):>8.1f} "
+              f"{row.get('documents_per_s', float('nan')):>8.0f} {row.get('peak_GB', float('nan')):>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
