@@ -224,6 +224,12 @@ def test_norm_rope_matches_norm_then_models_rotary(dtype, plain, rot):
                     else rms_norm(strided, w, 1e-6, 1.0, use_kernel=True))
     assert torch.equal(rms_norm_rope(strided, w, cos, sin, 1e-6, 1.0, plain, use_kernel=True),
                        apply_rotary(strided_norm, cos[:, :, None], sin[:, :, None]))
+    fused = torch.randn(2, 5, 3 * 128 + 200).to(dtype)  # k of a fused q/k/v GEMM: token stride 584, head 128
+    split = fused[..., 72:72 + 3 * 128].view(2, 5, 3, 128)
+    split_norm = plain_rms_norm(split, w, 1e-6, use_kernel=True) if plain else rms_norm(split, w, 1e-6, 1.0,
+                                                                                           use_kernel=True)
+    assert torch.equal(rms_norm_rope(split, w, cos, sin, 1e-6, 1.0, plain, use_kernel=True),
+                       apply_rotary(split_norm, cos[:, :, None], sin[:, :, None]))
     torch.library.opcheck(torch.ops.ocria.rms_norm_rope.default,
                           (x.float(), w.float(), cos.float(), sin.float(), 1e-6, 1.0, plain))
 

@@ -33,8 +33,8 @@ def _norm_chain(x, w, rstd, offset, PLAIN: tl.constexpr, X_BF16: tl.constexpr, P
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, cos_ptr, sin_ptr, M, N, stride_x, stride_z, stride_r, eps, offset,
-    HEADS, R, PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr,
+    x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, cos_ptr, sin_ptr, M, N, stride_x, stride_xh, stride_z, stride_r, eps,
+    offset, HEADS, R, PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr,
     X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr, PROD_BF16: tl.constexpr,
     ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
 ):  # fmt: skip
@@ -42,7 +42,9 @@ def _rms_norm_kernel(
     cols = tl.arange(0, BN)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
     rows64 = rows.to(tl.int64)
-    x = widen(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0), X_BF16)
+    # row = token * HEADS + head (HEADS 1 without rope): x may be a strided view (heads split off a fused GEMM)
+    x_rows = x_ptr + ((rows64 // HEADS) * stride_x + (rows64 % HEADS) * stride_xh)[:, None]
+    x = widen(tl.load(x_rows + cols[None, :], mask=mask, other=0), X_BF16)
     if RESIDUAL:  # s = x + r rounded to x's dtype, as PyTorch's add; the norm reads s
         r = widen(tl.load(r_ptr + rows64[:, None] * stride_r + cols[None, :], mask=mask, other=0), X_BF16)
         x = round_to_dtype(x + r, X_BF16, ON_GPU, DT)
@@ -66,7 +68,7 @@ def _rms_norm_kernel(
         half = R // 2
         rot = (rows < M)[:, None] & (cols < R)[None, :]
         partner = tl.where(cols < half, cols + half, cols - half)  # rotate_half's source channel, norm recomputed
-        xp = widen(tl.load(x_ptr + rows64[:, None] * stride_x + partner[None, :], mask=rot, other=0), X_BF16)
+        xp = widen(tl.load(x_rows + partner[None, :], mask=rot, other=0), X_BF16)
         wp = widen(tl.load(w_ptr + partner, mask=cols < R, other=0), W_BF16)
         yp = round_to_dtype(_norm_chain(xp, wp, rstd, offset, PLAIN, X_BF16, PROD_BF16, ON_GPU, DT), X_BF16,
                             ON_GPU, DT)
@@ -121,19 +123,24 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
         raise OcriaError(f"rms_norm kernel: rope needs x [..., H, N] and cos, sin [..., R] of x's dtype with an even "
                          f"R <= N, got x {tuple(x.shape)} {x.dtype}, cos {tuple(cos.shape)} {cos.dtype}"
                          f"{'' if sin is None else f', sin {tuple(sin.shape)}'}")
-    x2, sx = _rows(x)
+    if rope:  # [tokens, H, N] with token and head strides: q/k split off a fused GEMM are read in place
+        x2 = x.reshape(-1, x.shape[-2], N)
+        x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
+        sx, sxh, M = x2.stride(0), x2.stride(1), x2.shape[0] * x2.shape[1]
+    else:
+        (x2, sx), sxh = _rows(x), 0
+        M = x2.shape[0]
     z2, sz = _rows(z) if z is not None else (x2, sx)
     r2, sr = _rows(residual) if residual is not None else (x2, sx)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     s = out_sum if out_sum is not None else y
-    M = x2.shape[0]
     if M == 0:
         return y
     BN = triton.next_power_of_2(N)
     rows = max(1, min(16, 4096 // BN))
     cs = (cos.contiguous(), sin.contiguous()) if rope else (x2, x2)
     _rms_norm_kernel[(triton.cdiv(M, rows),)](
-        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s, *cs)), M, N, sx, sz, sr, eps, offset,
+        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s, *cs)), M, N, sx, sxh, sz, sr, eps, offset,
         x.shape[-2] if rope else 1, cos.shape[-1] if rope else 0,
         PLAIN=plain or z is not None, GATED=z is not None, RESIDUAL=residual is not None, ROPE=rope,
         X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
