@@ -8,17 +8,13 @@ Triton on the PTX, for each tile config and dot precision (Qwen3.5-like heads, b
 
 import argparse
 import datetime
-import json
-import os
 import re
 import shlex
-import subprocess
 import sys
-import tempfile
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from ptxas import compile_sm90
+from timing import save_json
 
 from ocria.plugins.replay_ssm.kernel import KEY_CHUNK, PREFETCH_MAX_BLOCK_V, _replay_verify_kernel
 
@@ -30,37 +26,16 @@ _TYPES = dict(
 )  # fmt: skip
 
 
-def _ptxas() -> str:
-    """The newest ptxas bundled with Triton that accepts its own PTX."""
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    for name in ("ptxas-blackwell", "ptxas"):
-        path = os.path.join(bin_dir, name)
-        if os.path.exists(path):
-            return path
-    sys.exit(f"no ptxas under {bin_dir}")
-
-
 def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
     Hk, Hv, D = heads
     consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, BKC=min(KEY_CHUNK, D), TP=16, PREC=precision,
                   ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V)
-    names = _replay_verify_kernel.arg_names
-    sig = {n: "constexpr" if n in consts else _TYPES[n] for n in names}
-    constexprs = {(names.index(k),): v for k, v in consts.items()}
-    src = ASTSource(fn=_replay_verify_kernel, signature=sig, constexprs=constexprs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.ptx")
-        with open(path, "w") as f:
-            f.write(ptx)
-        log = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr  # fmt: skip
-    regs = re.search(r"Used (\d+) registers", log)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    out = compile_sm90(_replay_verify_kernel, _TYPES, consts, num_warps)
+    ptx = out["ptx"]
     tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
     return dict(
-        block_v=block_v, num_warps=num_warps, precision=precision, one_token=one_token, registers=int(regs.group(1)),
-        spill_store_bytes=int(spill.group(1)) if spill else 0, spill_load_bytes=int(spill.group(2)) if spill else 0,
+        block_v=block_v, num_warps=num_warps, precision=precision, one_token=one_token, registers=out["registers"],
+        spill_store_bytes=out["spill_store_bytes"], spill_load_bytes=out["spill_load_bytes"],
         wgmma_tiles=tiles, mma_sync=ptx.count("mma.sync"),
     )  # fmt: skip
 
@@ -80,9 +55,7 @@ def main() -> None:
         gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
         command="python " + shlex.join(sys.argv), rows=rows,
     )  # fmt: skip
-    with open(args.out + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(args.out + ".tmp", args.out)
+    save_json(result, args.out)
     print(f"{'BV':>4} {'warps':>5} {'precision':>9} {'T=1':>4} {'regs':>4} {'spill st/ld B':>14}  wgmma tiles")
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"

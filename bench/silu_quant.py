@@ -34,7 +34,7 @@ ROTATE_BYTES = 256 << 20
 MODES = ("bf16", "fp8_static", "fp8_dynamic", "nvfp4")
 SWEEP = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
          (4, 2048, 8)]  # (rows, columns, warps) per program
-SWEEP_DYNAMIC = [(1, 1024, 4), (1, 2048, 8), (1, 4096, 8), (2, 1024, 8)]
+SWEEP_DYNAMIC = [(1, 2048, 8), (1, 4096, 8), (1, 0, 8), (1, 0, 16), (1, 0, 32)]  # block_n 0: the whole row
 
 
 def unfused(gate_up: torch.Tensor, mode: str, scale: torch.Tensor | None):

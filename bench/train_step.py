@@ -16,9 +16,9 @@ import sys
 import time
 
 import torch
+from timing import save_json
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from bench.timing import save_json
 from ocria.builder.presets import load_preset
 from ocria.train.data import loader
 from ocria.train.gdn_chunked import chunked_gdn

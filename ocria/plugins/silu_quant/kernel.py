@@ -3,14 +3,17 @@
 In the CPU interpreter every rounding is spelled out in integer/fp32 arithmetic that mirrors
 ``ocria.plugins.numerics`` (IEEE ``div_rn``, round-half-even through ``+2^23 - 2^23``, E4M3/E2M1
 bytes built by hand), because the interpreter's bf16 and fp8 casts do not round to nearest even.
-On the GPU two steps come cheaper: the hardware RNE convert to bf16, and the NVFP4 quotients by
-a block scale as a multiply by the correctly rounded reciprocal plus one FMA correction (exact by
-Markstein's theorem). E4M3 bytes are always built by hand: on the H200 (Triton 3.6) a variant
-with the ``tl.float8e4nv`` convert (plus reciprocal quotients) gave wrong FP8 bytes for one-row
-tiles (bench/results/silu_quant_h200_run2.json; cause not isolated). ``exp`` is libdevice's ``expf``
-on the GPU (what PyTorch's CUDA silu calls) and numpy's in the interpreter; both agree with
-PyTorch after rounding silu to bf16 (the CPU tests and bench/silu_quant.py on the H200 check every
-bf16 gate value).
+On the GPU two steps come cheaper: the hardware RNE convert to bf16, and the quotients by a scale
+(NVFP4 block scales; FP8 scales in [2^-64, 2^119]) as a multiply by the correctly rounded reciprocal
+plus one FMA correction (exact by Markstein's theorem). E4M3 bytes are always built by hand. The
+H200 run of a variant with the ``tl.float8e4nv`` convert (bench/results/silu_quant_h200_run2.json) shows
+two faults: per-token rows whose scale was NaN or inf lost their NaN in ``min(q, 448)`` (all of rows 6
+and 7 of the random input: 12287 bytes), and quotients just above an E4M3 midpoint rounded down (128 of
+the 256 ``e2m1_ties`` at scale 0.02), as a convert through fp16 would. Hence: hand-built bytes, and the
+FMA quotient only for tiles whose scales are all finite and in range; other tiles divide.
+``exp`` is libdevice's ``expf`` on the GPU (what PyTorch's CUDA silu calls) and numpy's in the
+interpreter; both agree with PyTorch after rounding silu to bf16 (the CPU tests and
+bench/silu_quant.py on the H200 check every bf16 gate value).
 """
 
 import torch
@@ -70,17 +73,76 @@ def _e2m1_code(t):
 
 
 @triton.jit
+def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
+                FAST_EXP: tl.constexpr, DT: tl.constexpr):
+    """h = silu(gate) * up (GATED) or x itself, in fp32, each op rounded to x's dtype as PyTorch rounds it."""
+    if GATED:
+        g = widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+        u = widen(tl.load(x_ptr + x_offs + N, mask=mask, other=0), IS_BF16)
+        if ON_GPU:  # libdevice expf is what PyTorch's CUDA silu calls
+            if FAST_EXP:
+                e = libdevice.fast_expf(-g)
+            else:
+                e = libdevice.exp(-g)
+        else:
+            e = tl.exp(-g)
+        s = round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
+        return round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
+    else:
+        return widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+
+
+@triton.jit
+def _e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr):
+    """E4M3 bytes of RN(h / row_scale) (h [BLOCK_M, BLOCK_N], row_scale [BLOCK_M]). On the GPU, when every row's
+    scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``_quotient`` on |h| (clamped
+    at 480 x scale, which saturates anyway), the sign and NaN put back; other scales (0, inf, NaN, extremes)
+    divide."""
+    s = row_scale[:, None]
+    if ON_GPU:
+        ok = tl.min(((row_scale >= 5.421010862427522e-20) & (row_scale <= 6.646139978924579e35)).to(tl.int32), 0)
+        if ok == 1:
+            r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+            q = _quotient(tl.abs(h), s, r, s * 480.0, ON_GPU)
+            q = (q.to(tl.int32, bitcast=True) | (h.to(tl.int32, bitcast=True) & -2147483648)).to(tl.float32,
+                                                                                                 bitcast=True)
+            t = tl.where(h != h, h, q)
+        else:
+            t = tl.math.div_rn(h, tl.zeros_like(h) + s)
+    else:
+        t = tl.math.div_rn(h, tl.zeros_like(h) + s)
+    code, _ = _e4m3_code(t)
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def _token_scale(h, mask):
+    """Per-token FP8 scale of rows h: amax / 448 (ModelOpt's guard: amax <= 2^-24 -> 1), NaN for a row with a NaN."""
+    amax = tl.max(tl.where(mask, tl.abs(h), 0.0), axis=1)
+    nan_rows = tl.max((h != h).to(tl.int32), axis=1)
+    return _scale_of(amax, nan_rows)
+
+
+@triton.jit
+def _scale_of(amax, nan_rows):
+    amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)  # ModelOpt's 2^-24 guard
+    row_scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)
+    return tl.where(nan_rows > 0, float("nan"), row_scale)
+
+
+@triton.jit
 def _silu_mul_quant_kernel(
     x_ptr, out_ptr, scale_ptr, out_scale_ptr,
     M, N, stride_xm, stride_om, stride_sm,
     MODE: tl.constexpr, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
     FAST_EXP: tl.constexpr, NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
 ):
-    # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic (two passes over the row), 3 nvfp4.
+    # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic, 3 nvfp4. IS_BF16: x (and the bf16 output) travel as
+    # int16 bits, widened by a shift, exactly, also for subnormals where the interpreter's bf16 <-> fp32
+    # conversions are wrong. MODE 2 with NPASS 2 walks its row twice (amax, then bytes); with NPASS 1 the whole
+    # row is one tile (NUM_CHUNKS 1) and h is computed once.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    # IS_BF16: x (and the bf16 output) travel as int16 bits, widened by a shift, exactly, also for
-    # subnormals where the interpreter's bf16 <-> fp32 conversions are wrong. NPASS is 2 for MODE 2.
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     rows64 = rows.to(tl.int64)
@@ -91,26 +153,13 @@ def _silu_mul_quant_kernel(
         scale = tl.load(scale_ptr)
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)
     nan_rows = tl.zeros([BLOCK_M], dtype=tl.int32)
-    row_scale = tl.zeros([BLOCK_M], dtype=tl.float32)
+    row_scale = tl.zeros([BLOCK_M], dtype=tl.float32) + scale
     for p in tl.static_range(NPASS):
         for chunk in range(NUM_CHUNKS):
             cols = col_start + chunk * BLOCK_N + tl.arange(0, BLOCK_N)
             mask = rmask[:, None] & (cols < N)[None, :]
-            x_offs = rows64[:, None] * stride_xm + cols[None, :]
-            if GATED:
-                g = widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
-                u = widen(tl.load(x_ptr + x_offs + N, mask=mask, other=0), IS_BF16)
-                if ON_GPU:  # libdevice expf is what PyTorch's CUDA silu calls
-                    if FAST_EXP:
-                        e = libdevice.fast_expf(-g)
-                    else:
-                        e = libdevice.exp(-g)
-                else:
-                    e = tl.exp(-g)
-                s = round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
-                h32 = round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
-            else:
-                h32 = widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+            h32 = _activation(x_ptr, rows64[:, None] * stride_xm + cols[None, :], mask, N, GATED, IS_BF16, ON_GPU,
+                              FAST_EXP, DT)
             if p == NPASS - 1:
                 o_offs = rows64[:, None] * stride_om + cols[None, :]
                 if MODE == 0:
@@ -119,12 +168,11 @@ def _silu_mul_quant_kernel(
                     else:
                         h = h32.to(out_ptr.dtype.element_ty)
                     tl.store(out_ptr + o_offs, h, mask=mask)
-                elif MODE == 1:
-                    code, _ = _e4m3_code(tl.math.div_rn(h32, tl.zeros_like(h32) + scale))
-                    tl.store(out_ptr + o_offs, code.to(tl.uint8), mask=mask)
-                elif MODE == 2:
-                    code, _ = _e4m3_code(tl.math.div_rn(h32, tl.zeros_like(h32) + row_scale[:, None]))
-                    tl.store(out_ptr + o_offs, code.to(tl.uint8), mask=mask)
+                elif MODE == 1 or MODE == 2:
+                    if MODE == 2 and NPASS == 1:  # the row is this one tile: its scale first
+                        row_scale = _token_scale(h32, mask)
+                        tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
+                    tl.store(out_ptr + o_offs, _e4m3_bytes(h32, row_scale, ON_GPU), mask=mask)
                 else:
                     NB: tl.constexpr = BLOCK_N // 16
                     hb = tl.reshape(h32, [BLOCK_M, NB, 16])
@@ -151,9 +199,7 @@ def _silu_mul_quant_kernel(
                 amax = tl.maximum(amax, tl.max(tl.where(mask, tl.abs(h32), 0.0), axis=1))
                 nan_rows = tl.maximum(nan_rows, tl.max((h32 != h32).to(tl.int32), axis=1))
         if p == 0 and NPASS == 2:
-            amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)  # ModelOpt's 2^-24 guard
-            row_scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)
-            row_scale = tl.where(nan_rows > 0, float("nan"), row_scale)
+            row_scale = _scale_of(amax, nan_rows)
             tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
 
 
@@ -167,15 +213,13 @@ def _kernel_for(device: torch.device):
 
 def default_config(mode: str, M: int, N: int) -> dict:
     """Rows x columns per program and warps: the fastest per mode of the sweep at 4096 x 12288 in
-    bench/results/silu_quant_h200_run2.json (per-token FP8 walks whole rows twice, one row per
-    program). ``fast_exp`` (libdevice ``fast_expf``) gave the same bytes for every bf16 gate value
-    there but is off by default: the timed table used the accurate ``expf``."""
+    bench/results/silu_quant_h200_run3.json, with libdevice ``fast_expf``, which gave PyTorch's bytes for
+    every bf16 gate value there. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h
+    once; wider rows walk their chunks twice: amax, then bytes)."""
     if mode == "fp8_dynamic":
-        block_n = 2048 if N >= 2048 else max(16, triton.next_power_of_2(N))
-        return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": False}
-    block_n = 1024 if N >= 1024 else max(16, triton.next_power_of_2(N))
-    block_m = 2 if mode == "fp8_static" and M >= 64 else 1
-    return {"block_m": block_m, "block_n": block_n, "num_warps": 4, "fast_exp": False}
+        return {"block_m": 1, "block_n": 4096 if N > 4096 else 0, "num_warps": 8, "fast_exp": True}
+    block_n = 2048 if N >= 2048 else max(16, triton.next_power_of_2(N))
+    return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True}
 
 
 def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
@@ -208,7 +252,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
         out = torch.empty(M, N // 2, dtype=torch.uint8, device=dev)
         out_scale = torch.empty(M, N // NVFP4_BLOCK, dtype=torch.uint8, device=dev)
     cfg = config or default_config(mode, M, N)
-    block_m, block_n = cfg["block_m"], cfg["block_n"]
+    block_m, block_n = cfg["block_m"], cfg["block_n"] or max(16, triton.next_power_of_2(N))  # 0: the whole row
     chunks = triton.cdiv(N, block_n) if mode == "fp8_dynamic" else 1
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * chunks))
     if M > 0:
@@ -219,7 +263,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
             x_arg, out_arg, scale if scale is not None else out, out_scale if out_scale is not None else out,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
             MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
-            NPASS=2 if mode == "fp8_dynamic" else 1,
+            NPASS=2 if chunks > 1 else 1,
             BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"],
         )
     if mode in ("fp8_static", "fp8_dynamic"):

@@ -1,0 +1,66 @@
+"""Registers, spills and SASS instructions per element of the SiLU-quant kernel for sm_90, without a GPU.
+
+The quantized modes are compute-bound on the H200 (bench/results/silu_quant_h200_run3.json), so the
+instructions a thread issues per element predict their time. Counts are static: both sides of a branch
+(e.g. the FP8 quotient's FMA path and its IEEE-division fallback) and the division's slow path are included.
+
+    python bench/silu_quant_sass.py --out bench/results/silu_quant_sass.json
+"""
+
+import argparse
+import datetime
+import shlex
+import sys
+
+import triton
+from ptxas import compile_sm90
+from timing import save_json
+
+from ocria.plugins.silu_quant.kernel import MODE_IDS, _silu_mul_quant_kernel, default_config
+
+TYPES = dict(x_ptr="*i16", out_ptr="*u8", scale_ptr="*fp32", out_scale_ptr="*fp32", M="i32", N="i32",
+             stride_xm="i32", stride_om="i32", stride_sm="i32")
+
+
+def stats(mode: str, n: int, cfg: dict) -> dict:
+    """One gated bf16 launch of ``mode`` at width n with ``cfg`` (keys of ``default_config``)."""
+    block_n = cfg["block_n"] or max(16, triton.next_power_of_2(n))
+    chunks = triton.cdiv(n, block_n) if mode == "fp8_dynamic" else 1
+    consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_EXP=cfg["fast_exp"],
+                  NPASS=2 if chunks > 1 else 1, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks)
+    types = dict(TYPES, out_ptr="*i16" if mode == "bf16" else "*u8",
+                 out_scale_ptr="*u8" if mode == "nvfp4" else "*fp32")
+    out = compile_sm90(_silu_mul_quant_kernel, types, consts, cfg["num_warps"])
+    # Each pass's chunk-loop body is in the code once and sees each of a thread's elements once per tile.
+    per_thread = cfg["block_m"] * block_n / (32 * cfg["num_warps"])
+    return dict(mode=mode, width=n, config=cfg, tile=[cfg["block_m"], block_n], passes=consts["NPASS"],
+                registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],
+                instructions=out["instructions"], instructions_per_element=out["instructions"] / per_thread,
+                top_opcodes=dict(sorted(out["opcodes"].items(), key=lambda kv: -kv[1])[:8]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--widths", type=int, nargs="+", default=[6144, 12288, 18944])
+    ap.add_argument("--out", default="bench/results/silu_quant_sass.json")
+    args = ap.parse_args()
+    per_token = [{"block_m": 1, "block_n": bn, "num_warps": w, "fast_exp": True}  # block_n 0: the whole row
+                 for bn, w in ((4096, 8), (0, 8), (0, 16), (0, 32))]
+    rows = []
+    for n in args.widths:
+        for mode in MODE_IDS:
+            for cfg in per_token if mode == "fp8_dynamic" else [default_config(mode, 4096, n)]:
+                rows.append(stats(mode, n, cfg))
+    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
+                  command="python " + shlex.join(sys.argv), rows=rows)
+    save_json(result, args.out)
+    print(f"{'N':>6} {'mode':12} {'tile':>12} {'warps':>5} {'passes':>6} {'regs':>4} {'spill B':>7} {'instr/elem':>10}")
+    for r in rows:
+        print(f"{r['width']:>6} {r['mode']:12} {'x'.join(map(str, r['tile'])):>12} {r['config']['num_warps']:>5} "
+              f"{r['passes']:>6} {r['registers']:>4} {r['spill_store_bytes']:>7} "
+              f"{r['instructions_per_element']:>10.1f}")
+
+
+if __name__ == "__main__":
+    main()
