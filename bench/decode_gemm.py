@@ -40,6 +40,13 @@ CONFIGS = {
     "n16_k512_w4_s3": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "swap": False},
     "n32_k256_w4_s4_swap": {"block_n": 32, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": True},
     "n64_k128_w4_s4_swap": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap": True},
+    # split-K for the narrow outputs (gdn_out_proj, attn_o_proj, mlp_down: 128 column tiles of 16 at N = 2048)
+    "n16_k512_w4_s3_split2": {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "swap": False,
+                              "split_k": 2},
+    "n16_k256_w4_s4_split4": {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": False,
+                              "split_k": 4},
+    "n32_k256_w4_s4_swap_split4": {"block_n": 32, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": True,
+                                   "split_k": 4},
 }
 
 

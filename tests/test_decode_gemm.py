@@ -27,6 +27,9 @@ from ocria.plugins.decode_gemm import (  # noqa: E402
 CONFIGS = {
     "columns": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": False},
     "swap_ab": {"block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 3, "swap": True},
+    # K = 320 in 3 splits of 128 (the last one masked) and in 2 of 192: partials summed by the last arrival
+    "split_k3": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": False, "split_k": 3},
+    "split_k2_swap_ab": {"block_n": 32, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": True, "split_k": 2},
 }
 
 
@@ -71,6 +74,19 @@ def test_rows_are_batch_invariant(cfg):
     other[1:] = torch.randn(15, x.shape[1]).to(torch.bfloat16) * 100
     assert torch.equal(decode_gemm_triton(other, w, b, config=CONFIGS[cfg])[0], full[0])
     assert torch.equal(decode_gemm_triton(x.flip(0), w, b, config=CONFIGS[cfg]).flip(0), full)
+
+
+def test_split_k_leaves_its_counters_at_zero_and_repeats_bit_for_bit():
+    """The tile's last program resets its counter, so the next call (any shape) starts clean."""
+    from ocria.plugins.decode_gemm.kernel import _SCRATCH
+
+    x, w, b = _case(M=4, bias=True, seed=3)
+    first = decode_gemm_triton(x, w, b, config=CONFIGS["split_k3"])
+    assert not _SCRATCH[x.device][1].any()
+    wide = _case(M=2, K=640, N=160, seed=4)
+    decode_gemm_triton(*wide, config=CONFIGS["split_k2_swap_ab"])
+    assert not _SCRATCH[x.device][1].any()
+    assert torch.equal(decode_gemm_triton(x, w, b, config=CONFIGS["split_k3"]), first)
 
 
 def test_default_config_depends_on_the_weight_only_and_covers_the_columns():

@@ -1,5 +1,5 @@
 """Triton kernel for the decode GEMM ``x [M, K] @ weight[N, K].T`` with M <= 16 (a decode step of
-up to 16 rows, or a speculative verify block): one launch, no split-K.
+up to 16 rows, or a speculative verify block): one launch, split-K optional and reduced in that launch.
 
 Why: at M = 1 cuBLAS picks split-K GEMV kernels plus a separate reduce kernel, and the pair streams
 the weights well below the copy bandwidth (bench/results/e2e_h200.json, ``profile_ar_b1``). Here each
@@ -9,6 +9,12 @@ the x tile [16, BLOCK_K] comes from L2. The product runs on the tensor cores (``
 dimension padded to 16): at M = 16 the CUDA cores would need 16 FMAs per weight element, more than
 they issue at HBM speed. ``SWAP`` computes the transposed product ``weight_tile @ x_tile.T`` so the
 weight tile is the MMA's A operand (the skinny-GEMM "swap AB" form).
+
+Split-K (``split_k`` S > 1) is for narrow outputs, where N / BLOCK_N programs are too few to keep the
+memory system busy: S programs per column tile each stream K / S of the slab and store an fp32 partial
+to a workspace; the last of them to arrive (a per-tile counter, which it resets) sums the S partials in
+split order and writes the output. No second launch, and the sum's order does not depend on arrival.
+The workspace and counters are one per device, so calls must not overlap in time (one stream).
 
 Batch invariance: the row tile is always 16 rows (padded, masked) and the configuration depends on
 (N, K) only, never on M, so every row runs the same instruction sequence and the same reduction order
@@ -30,13 +36,30 @@ MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
 BLOCK_M = 16
 
 
+@triton.jit
+def _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl.constexpr, AS_BITS: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias) rounded once to bf16 and stored."""
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + cols, mask=mcol, other=0)
+        if AS_BITS:
+            acc = acc + widen(bias, True)[None, :]
+        else:
+            acc = acc + bias.to(tl.float32)[None, :]
+    o_ptrs = o_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+    if AS_BITS:
+        tl.store(o_ptrs, bf16_bits(acc), mask=mrow[:, None] & mcol[None, :])
+    else:
+        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mrow[:, None] & mcol[None, :])
+
+
 @triton.jit(do_not_specialize=["M"])  # M = 1 runs the binary M = 16 runs: the same code for every row count
 def _decode_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, o_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr,
+    x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mrow = rows < M
@@ -47,9 +70,10 @@ def _decode_gemm_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_end = tl.minimum(K, (split + 1) * K_SPLIT)
+    for k0 in range(split * K_SPLIT, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        mk = k < K
+        mk = k < k_end
         x = tl.load(x_base + k[None, :], mask=mrow[:, None] & mk[None, :], other=0)
         w = tl.load(w_base + k[None, :], mask=mcol[:, None] & mk[None, :], other=0)
         if AS_BITS:  # the interpreter has no bf16 arithmetic: exact bf16 -> fp32, IEEE fp32 products
@@ -66,17 +90,20 @@ def _decode_gemm_kernel(
                 acc = tl.dot(x, tl.trans(w), acc)
     if SWAP:
         acc = tl.trans(acc)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + cols, mask=mcol, other=0)
-        if AS_BITS:
-            acc = acc + widen(bias, True)[None, :]
-        else:
-            acc = acc + bias.to(tl.float32)[None, :]
-    o_ptrs = o_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    if AS_BITS:
-        tl.store(o_ptrs, bf16_bits(acc), mask=mrow[:, None] & mcol[None, :])
-    else:
-        tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mrow[:, None] & mcol[None, :])
+    if SPLIT_K == 1:
+        _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS)
+    else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
+        tile = ws_ptr + pid.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+        offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        tl.store(tile + split * (BLOCK_M * BLOCK_N) + offs, acc)
+        tl.debug_barrier()  # every thread's partial is written before the counter moves
+        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(SPLIT_K):  # split order, whichever program arrived last
+                total += tl.load(tile + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
+            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next call
+            _epilogue(total, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS)
 
 
 def default_config(N: int, K: int) -> dict:
@@ -86,8 +113,22 @@ def default_config(N: int, K: int) -> dict:
     configurations are the fastest of bench/decode_gemm.py's sweep on the H200 for every ocria-1-sim
     weight at every M (bench/results/decode_gemm_h200.json, ``best_over_M``)."""
     if N <= 4096:
-        return {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "swap": False}
-    return {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap": True}
+        return {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "swap": False, "split_k": 1}
+    return {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap": True, "split_k": 1}
+
+
+_SCRATCH: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+
+def _scratch(device: torch.device, ws_elems: int, counters: int) -> tuple[Tensor, Tensor]:
+    """The device's split-K workspace (fp32) and per-tile arrival counters (int32, zero between calls),
+    grown when a call needs more. Allocated on the first eager call, before any CUDA graph captures it."""
+    ws, count = _SCRATCH.get(device, (None, None))
+    if ws is None or ws.numel() < ws_elems or count.numel() < counters:
+        ws = torch.empty(max(ws_elems, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
+        count = torch.zeros(max(counters, 0 if count is None else count.numel()), dtype=torch.int32, device=device)
+        _SCRATCH[device] = ws, count
+    return ws, count
 
 
 def _kernel_for(device: torch.device):
@@ -132,13 +173,17 @@ def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, co
     if M == 0 or N == 0:
         return out.reshape(*lead, N)
     cfg = config or default_config(N, K)
+    split_k, tiles = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"])
+    k_split = triton.cdiv(triton.cdiv(K, split_k), cfg["block_k"]) * cfg["block_k"]
+    ws, count = _scratch(x.device, tiles * split_k * BLOCK_M * cfg["block_n"], tiles) if split_k > 1 else (out, out)
     # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
     as_bits = x.device.type == "cpu"
     x_, w_, out_ = (bf16_as_int16(t) if as_bits else t for t in (x2, weight, out))
     b_ = bf16_as_int16(bias.contiguous()) if bias is not None and as_bits else bias
-    _kernel_for(x.device)[(triton.cdiv(N, cfg["block_n"]),)](
-        x_, w_, b_ if bias is not None else out_, out_, M, N, K, x2.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits,
+    _kernel_for(x.device)[(tiles, split_k)](
+        x_, w_, b_ if bias is not None else out_, out_, ws, count, M, N, K, k_split,
+        x2.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits, SPLIT_K=split_k,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
