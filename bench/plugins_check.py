@@ -4,9 +4,9 @@ Seconds, not minutes: one small case per kernel and dtype, on the GPU, compared 
 the same GPU tensors. ReplaySSM and the conv window run on strided views (as the model passes them)
 and must equal the reference within float tolerance, buffers included; the fused norms within the
 bf16 ulps their rounding chains allow (1 for rms_norm, 4 for gated_rms_norm: see NORM_ULPS_BF16);
-decode attention within float tolerance; SiLU-quant byte for byte in every mode; the decode GEMM
-within one bf16 rounding of the exact product, each row bit-identical alone and in a 16-row block. Exit code 1 and a
-table if anything is off.
+decode attention within float tolerance; SiLU-quant byte for byte in every mode; the decode GEMM (and
+its add + RMSNorm prologue, against its fp32 math) within one bf16 rounding, each row bit-identical alone
+and in a 16-row block. Exit code 1 and a table if anything is off.
 
     python bench/plugins_check.py --out bench/results/plugins_check_h200.json
 """
@@ -21,7 +21,7 @@ import torch
 
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
-from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp32
+from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp32, decode_gemm_norm, decode_gemm_norm_fp32
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
@@ -129,19 +129,32 @@ def check_attention(dtype: torch.dtype, dev: str) -> dict:
             "ok": max(errs) <= tol}
 
 
-def check_decode_gemm(dev: str) -> dict:
-    """A narrow and a wide ocria-1-sim weight (the two configurations), 16 rows and each row alone."""
+def check_decode_gemm(dev: str, norm: bool) -> dict:
+    """A narrow and a wide ocria-1-sim weight (the two configurations), 16 rows and each row alone; with
+    ``norm``, the add + RMSNorm prologue (``decode_gemm_norm``) against its fp32 math, its residual sum exact."""
     g = torch.Generator(dev).manual_seed(4)
-    errs, invariant = [], True
+    errs, invariant, sums_exact = [], True, True
     for N, K in ((2048, 4096), (5120, 2048)):
         w = (torch.randn(N, K, generator=g, device=dev) * K**-0.5).to(torch.bfloat16)
         x = torch.randn(16, K, generator=g, device=dev).to(torch.bfloat16)
-        block = decode_gemm(x, w, use_kernel=True)
-        errs.append(_rel(block, decode_gemm_fp32(x, w)))
-        invariant &= all(torch.equal(decode_gemm(x[m:m + 1], w, use_kernel=True)[0], block[m]) for m in (0, 7, 15))
+        if norm:
+            r = torch.randn(16, K, generator=g, device=dev).to(torch.bfloat16)
+            nw = (torch.randn(K, generator=g, device=dev) * 0.3).to(torch.bfloat16)
+
+            def run(rows, x=x, r=r, nw=nw, w=w):
+                return decode_gemm_norm(x[rows], r[rows], nw, 1e-6, w, use_kernel=True)
+            (block, s), (want, s_want) = run(slice(0, 16)), decode_gemm_norm_fp32(x, r, nw, 1e-6, w)
+            sums_exact &= torch.equal(s, s_want)
+        else:
+            def run(rows, x=x, w=w):
+                return decode_gemm(x[rows], w, use_kernel=True), None
+            block, want = run(slice(0, 16))[0], decode_gemm_fp32(x, w)
+        errs.append(_rel(block, want))
+        invariant &= all(torch.equal(run(slice(m, m + 1))[0][0], block[m]) for m in (0, 7, 15))
     tol = 1e-2  # one bf16 rounding of the output (the sum order differs from the exact product's)
-    return {"kernel": "decode_gemm", "dtype": "torch.bfloat16", "max_rel_err": max(errs), "tolerance": tol,
-            "rows_batch_invariant": invariant, "ok": max(errs) <= tol and invariant}
+    return {"kernel": "decode_gemm_norm" if norm else "decode_gemm", "dtype": "torch.bfloat16",
+            "max_rel_err": max(errs), "tolerance": tol, "rows_batch_invariant": invariant,
+            "residual_sum_exact": sums_exact, "ok": max(errs) <= tol and invariant and sums_exact}
 
 
 def check_silu_quant(dev: str) -> list[dict]:
@@ -168,7 +181,8 @@ def main() -> int:
     dev = args.device
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
-            check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev)]
+            check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
+            check_decode_gemm(dev, True)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}

@@ -19,10 +19,14 @@ from ocria.plugins.decode_gemm import (  # noqa: E402
     MAX_M,
     decode_gemm,
     decode_gemm_fp32,
+    decode_gemm_norm,
+    decode_gemm_norm_fp32,
+    decode_gemm_norm_triton,
     decode_gemm_reference,
     decode_gemm_triton,
     default_config,
 )
+from ocria.plugins.rms_norm.reference import add_rms_norm_reference, rms_norm_reference  # noqa: E402
 
 CONFIGS = {
     "columns": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": False},
@@ -147,3 +151,57 @@ def test_op_registration_and_fake():
     with FakeTensorMode() as mode:
         out = torch.ops.ocria.decode_gemm(mode.from_tensor(x3), mode.from_tensor(w), None)
     assert out.shape == (1, 3, 32) and out.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("residual", [True, False], ids=["add_norm", "norm"])
+@pytest.mark.parametrize("cfg", ["columns", "swap_ab"])
+def test_norm_prologue_matches_its_math_and_the_separate_norm(cfg, residual):
+    """decode_gemm_norm: s = x + residual exactly as PyTorch adds, the output bit for bit the fp32 math of
+    ``decode_gemm_norm_fp32``, and within bf16 noise of the separate norm kernel's output fed to the GEMM."""
+    x, w, _ = _case(M=5, seed=11)
+    g = torch.Generator().manual_seed(12)
+    r = torch.randn(x.shape, generator=g).to(torch.bfloat16) if residual else None
+    nw = (torch.randn(x.shape[1], generator=g) * 0.3).to(torch.bfloat16)
+    out, s = decode_gemm_norm_triton(x, r, nw, 1e-6, w, config=CONFIGS[cfg])
+    want, s_want = decode_gemm_norm_fp32(x, r, nw, 1e-6, w)
+    assert torch.equal(s, s_want) and int(_ulps(out, want).max()) <= 1
+    h = add_rms_norm_reference(x, r, nw, 1e-6, 1.0)[1] if residual else rms_norm_reference(x, nw, 1e-6, 1.0)
+    torch.testing.assert_close(out.float(), decode_gemm_reference(h, w).float(), rtol=2e-2, atol=2e-2)
+    full = decode_gemm_norm_triton(torch.cat([x, x]), None if r is None else torch.cat([r, r]), nw, 1e-6, w,
+                                   config=CONFIGS[cfg])[0]
+    assert torch.equal(full[:5], out) and torch.equal(full[5:], out)  # rows stay batch invariant
+
+
+def test_decoder_layers_fold_their_norms_into_the_input_projections(monkeypatch):
+    """A bf16 decoder with fused projections and the kernels on: every input norm and post-attention norm
+    runs inside its projection's GEMM (2 per layer), and the logits stay within bf16 noise of the
+    separate norms."""
+    from tiny_models import text_config
+
+    from ocria.models import layers
+    from ocria.models.config import TextConfig
+    from ocria.models.text import TextModel
+
+    torch.manual_seed(0)
+    model = TextModel(TextConfig.from_dict(text_config(linear_num_value_heads=8)))
+    for name, p in model.named_parameters():
+        if name.endswith("layernorm.weight"):
+            p.data.normal_(0, 0.3)  # zero-initialised norms would hide a wrong (1 + w)
+    model = model.to(torch.bfloat16).eval()
+    model.fuse_projections()
+    embeds = torch.randn(1, 6, 32).to(torch.bfloat16)
+    pos = torch.arange(6).expand(3, 1, 6)
+    with torch.no_grad():
+        plain = model(embeds, pos)[0]
+        folded = []
+
+        def counted(*args, **kwargs):
+            out = decode_gemm_norm(*args, **kwargs)
+            folded.append(out is not None)
+            return out
+
+        monkeypatch.setattr(layers, "decode_gemm_norm", counted)
+        model.set_plugins(True)
+        fused = model(embeds, pos)[0]
+    assert folded == [True] * 2 * model.cfg.num_hidden_layers
+    assert float((fused.float() - plain.float()).abs().max() / plain.float().abs().max()) <= 3e-2

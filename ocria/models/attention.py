@@ -17,6 +17,9 @@ def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
     return slots.long()[:, None].expand_as(pos), pos
 
 
+PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+
+
 def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor) -> None:
     """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at ``cache_index``'s rows and positions."""
     k_cache[rows, :, pos] = k.to(k_cache.dtype)
@@ -41,8 +44,13 @@ class GatedAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: TargetCache | None = None,
                 slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
-        B, T, _ = x.shape
-        q, k, v = project(self, x, ("q_proj", "k_proj", "v_proj"))
+        return self.mix(project(self, x, PROJECTIONS), cos, sin, cache, slots, attn_len)
+
+    def mix(self, projections: tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
+            cache: TargetCache | None = None, slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
+        """The layer after its q (with the output gate), k and v projections of the normed input."""
+        q, k, v = projections
+        B, T, _ = q.shape
         q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         q = self.q_norm.rope(q, cos, sin)
         k = self.k_norm.rope(k.reshape(B, T, self.num_kv_heads, self.head_dim), cos, sin)

@@ -36,6 +36,7 @@ from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
 from ocria.models.layers import (
+    GATE_UP,
     RMSNorm,
     SwiGLU,
     dense,
@@ -152,7 +153,7 @@ class DFlash2Drafter(nn.Module):
         """Inference: each layer's q/k/v (k/v alone for context tokens) and gate/up projections as one GEMM."""
         for layer in self.layers:
             fuse_linears(layer.self_attn, ("q_proj", "k_proj", "v_proj"))
-            fuse_linears(layer.mlp, ("gate_proj", "up_proj"))
+            fuse_linears(layer.mlp, GATE_UP)
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         inv_freq = inverse_frequencies(self.config.head_dim, self.config.rope_theta, str(positions.device))

@@ -96,8 +96,13 @@ class GatedDeltaNet(nn.Module):
         return F.silu(y).transpose(1, 2).to(qkv.dtype)
 
     def forward(self, x: Tensor, mode: str, cache: TargetCache | None = None, slots: Tensor | None = None) -> Tensor:
-        B, T, _ = x.shape
-        qkv, z, b, a = project(self, x, PROJECTIONS)
+        return self.mix(project(self, x, PROJECTIONS), mode, cache, slots)
+
+    def mix(self, projections: tuple[Tensor, ...], mode: str, cache: TargetCache | None = None,
+            slots: Tensor | None = None) -> Tensor:
+        """The layer after its input projections (``PROJECTIONS`` of the normed input, [B, T, *] each)."""
+        qkv, z, b, a = projections
+        B, T, _ = qkv.shape
         z = z.reshape(B, T, self.num_v_heads, self.head_v_dim)
         i = self.cache_index
         if mode == "verify":
@@ -113,12 +118,12 @@ class GatedDeltaNet(nn.Module):
             q, k, v = self._split(self._conv_prefill(qkv, cache, slots))
             g, beta = gdn_gates(a, b, self.A_log, self.dt_bias)
             if cache is None:
-                state = torch.zeros(B, self.num_v_heads, self.head_k_dim, self.head_v_dim, device=x.device)
+                state = torch.zeros(B, self.num_v_heads, self.head_k_dim, self.head_v_dim, device=qkv.device)
             else:
                 state = fold_pending(cache.ssm[i], cache.ring_k[i], cache.ring_v[i], cache.ring_g[i],
                                      cache.ring_beta[i], cache.ring_phase, cache.pending_len, slots)
             o, state = prefill_recurrence(q, k, v, g, beta, state)
             if cache is not None:
                 cache.ssm[i][slots] = state
-        o = self.norm(o.to(x.dtype), z)
+        o = self.norm(o.to(qkv.dtype), z)
         return dense(self.out_proj, o.reshape(B, T, self.value_dim), self.use_kernel)

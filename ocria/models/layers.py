@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ocria.plugins.decode_gemm import decode_gemm
+from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_norm
 from ocria.plugins.rms_norm import (
     add_plain_rms_norm,
     add_rms_norm,
@@ -91,6 +91,9 @@ class GatedRMSNorm(nn.Module):
         return gated_rms_norm(x, z, self.weight, self.eps, use_kernel=self.use_kernel)
 
 
+GATE_UP = ("gate_proj", "up_proj")  # the MLP's input projections, fused into one GEMM for inference
+
+
 def fuse_linears(module: nn.Module, names: tuple[str, ...]) -> None:
     """Let ``project`` run the named bias-free linears of ``module`` (same input) as one GEMM.
 
@@ -125,6 +128,40 @@ def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tenso
     return decode_gemm(x, weight, use_kernel=use_kernel).split(sizes, dim=-1)
 
 
+def norm_gemm(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, module: nn.Module,
+              names: tuple[str, ...]) -> tuple[Tensor, Tensor] | None:
+    """``(s, norm(s) @ W.T)`` with ``s = x + residual`` and W the named linears of ``module`` fused, in one
+    launch (``ocria::decode_gemm_norm``: a decode or verify step); None when that kernel does not apply."""
+    fused = fused_group(module, names)
+    if fused is None:
+        return None
+    out = decode_gemm_norm(x, residual, norm.weight, norm.eps, fused[0], use_kernel=getattr(module, "use_kernel", None))
+    return None if out is None else (out[1], out[0])
+
+
+def norm_project(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, module: nn.Module,
+                 names: tuple[str, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """``(s, projections of norm(s))`` with ``s = x + residual``: the norm folded into the GEMM when
+    ``norm_gemm`` applies, else ``norm.add`` then ``project``."""
+    fused = norm_gemm(norm, x, residual, module, names)
+    if fused is None:
+        s, h = norm.add(x, residual)
+        return s, project(module, h, names)
+    s, y = fused
+    return s, y.split(fused_group(module, names)[1], dim=-1)
+
+
+def norm_mlp(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, mlp: nn.Module) -> tuple[Tensor, Tensor]:
+    """``(s, mlp(norm(s)))`` with ``s = x + residual``: the norm folded into a ``SwiGLU``'s fused gate/up GEMM
+    when ``norm_gemm`` applies, else ``norm.add`` then the MLP (any MLP module, quantized ones too)."""
+    fused = norm_gemm(norm, x, residual, mlp, GATE_UP)
+    if fused is None:
+        s, h = norm.add(x, residual)
+        return s, mlp(h)
+    s, gate_up = fused
+    return s, mlp.silu_down(gate_up)
+
+
 def dense(linear: nn.Module, x: Tensor, use_kernel: bool | None) -> Tensor:
     """``linear(x)``; a plain bf16 ``nn.Linear`` of a decode or verify step (<= 16 rows) runs as the
     one-launch decode GEMM (``ocria::decode_gemm``), quantized executors as themselves."""
@@ -145,12 +182,15 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        fused = fused_group(self, ("gate_proj", "up_proj"))
+        fused = fused_group(self, GATE_UP)
         if fused is None:
-            gate, up = project(self, x, ("gate_proj", "up_proj"))
+            gate, up = project(self, x, GATE_UP)
             return dense(self.down_proj, F.silu(gate) * up, self.use_kernel)
-        # inference: one gate/up GEMM, then SiLU-multiply in one pass (same two roundings as above)
-        gate_up = decode_gemm(x, fused[0], use_kernel=self.use_kernel)
+        return self.silu_down(decode_gemm(x, fused[0], use_kernel=self.use_kernel))
+
+    def silu_down(self, gate_up: Tensor) -> Tensor:
+        """Inference, after the one gate/up GEMM: SiLU-multiply in one pass (the two roundings of
+        ``F.silu(gate) * up``), then down_proj."""
         h, _ = silu_mul_quant(gate_up, "bf16", use_kernel=self.use_kernel)
         return dense(self.down_proj, h, self.use_kernel)
 

@@ -3,16 +3,21 @@
 import torch
 from torch import Tensor, nn
 
+from ocria.models.attention import PROJECTIONS as ATTENTION_PROJECTIONS
 from ocria.models.attention import GatedAttention
 from ocria.models.cache import TargetCache
 from ocria.models.config import LINEAR, TextConfig
-from ocria.models.gdn import PROJECTIONS, GatedDeltaNet
+from ocria.models.gdn import PROJECTIONS as GDN_PROJECTIONS
+from ocria.models.gdn import GatedDeltaNet
 from ocria.models.layers import (
+    GATE_UP,
     SwiGLU,
     ZeroCenteredRMSNorm,
     fuse_linears,
     inverse_frequencies,
     mrope_cos_sin,
+    norm_mlp,
+    norm_project,
     set_plugins,
 )
 
@@ -32,14 +37,15 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, mode: str,
                 cache: TargetCache | None, slots: Tensor | None, attn_len: int | None) -> tuple[Tensor, Tensor]:
         """The layer's input is ``x + delta`` (delta None: x); returns its output as ``(x', delta')``, the
-        MLP's residual add left to the next norm, which fuses it (one launch per add + norm)."""
-        x, h = self.input_layernorm.add(x, delta)
+        MLP's residual add left to the next norm, which fuses it (one launch per add + norm; in decode and
+        verify steps the add + norm is folded into the next input projection)."""
         if self.layer_type == LINEAR:
-            h = self.linear_attn(h, mode, cache, slots)
+            x, proj = norm_project(self.input_layernorm, x, delta, self.linear_attn, GDN_PROJECTIONS)
+            h = self.linear_attn.mix(proj, mode, cache, slots)
         else:
-            h = self.self_attn(h, cos, sin, cache, slots, attn_len)
-        x, h = self.post_attention_layernorm.add(h, x)
-        return x, self.mlp(h)
+            x, proj = norm_project(self.input_layernorm, x, delta, self.self_attn, ATTENTION_PROJECTIONS)
+            h = self.self_attn.mix(proj, cos, sin, cache, slots, attn_len)
+        return norm_mlp(self.post_attention_layernorm, h, x, self.mlp)
 
 
 class TextModel(nn.Module):
@@ -67,8 +73,8 @@ class TextModel(nn.Module):
         """Inference: run the projections that share an input as one GEMM (fewer launches per step)."""
         for layer in self.layers:
             mixer = layer.linear_attn if layer.layer_type == LINEAR else layer.self_attn
-            fuse_linears(mixer, PROJECTIONS if layer.layer_type == LINEAR else ("q_proj", "k_proj", "v_proj"))
-            fuse_linears(layer.mlp, ("gate_proj", "up_proj"))
+            fuse_linears(mixer, GDN_PROJECTIONS if layer.layer_type == LINEAR else ATTENTION_PROJECTIONS)
+            fuse_linears(layer.mlp, GATE_UP)
 
     def set_plugins(self, use_kernel: bool | None) -> None:
         """One switch for every plugin kernel below this model (ReplaySSM in the GDN layers, and the

@@ -7,7 +7,8 @@ import torch
 
 from ocria.errors import OcriaError
 
-KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm")
+KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm",
+           "decode_gemm_norm")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
 
 

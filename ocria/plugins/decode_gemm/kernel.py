@@ -16,6 +16,13 @@ to a workspace; the last of them to arrive (a per-tile counter, which it resets)
 split order and writes the output. No second launch, and the sum's order does not depend on arrival.
 The workspace and counters are one per device, so calls must not overlap in time (one stream).
 
+Norm prologue (``decode_gemm_norm_triton``): the decoder's ``s = x + residual; norm(s) @ W.T`` in the same
+launch, which saves the RMSNorm kernel before every input projection. ``norm(s) = s * rstd * (1 + w)``
+with rstd a per-row scalar, so the K loop feeds ``bf16(s * (1 + w))`` to the MMA, accumulates sum(s^2)
+from the same tiles, and scales the accumulator by rstd at the end. The product differs from the
+separate norm's (which rounds ``s * rstd * (1 + w)`` to bf16) by the placement of one rounding. Program 0
+also writes s, the residual stream. No split-K here: each program needs the whole row for rstd.
+
 Batch invariance: the row tile is always 16 rows (padded, masked) and the configuration depends on
 (N, K) only, never on M, so every row runs the same instruction sequence and the same reduction order
 over K, and an MMA computes each output element from its own row alone. Row m's output is therefore
@@ -30,7 +37,7 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
+from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
 MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
 BLOCK_M = 16
@@ -54,10 +61,12 @@ def _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl
 
 @triton.jit(do_not_specialize=["M"])  # M = 1 runs the binary M = 16 runs: the same code for every row count
 def _decode_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
+    x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, r_ptr, nw_ptr, s_ptr, eps,
+    M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om, stride_rm,
     HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
+    ON_GPU: tl.constexpr = not AS_BITS
     pid = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -70,14 +79,31 @@ def _decode_gemm_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
     k_end = tl.minimum(K, (split + 1) * K_SPLIT)
     for k0 in range(split * K_SPLIT, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mk = k < k_end
-        x = tl.load(x_base + k[None, :], mask=mrow[:, None] & mk[None, :], other=0)
+        mx = mrow[:, None] & mk[None, :]
+        x = tl.load(x_base + k[None, :], mask=mx, other=0)
         w = tl.load(w_base + k[None, :], mask=mcol[:, None] & mk[None, :], other=0)
-        if AS_BITS:  # the interpreter has no bf16 arithmetic: exact bf16 -> fp32, IEEE fp32 products
+        if NORM:  # s = x (+ residual) in bf16; the MMA gets bf16(s * (1 + w_norm)); sum(s^2) for rstd
+            s = widen(x, True) if AS_BITS else x.to(tl.float32)
+            if RESIDUAL:
+                r = tl.load(r_ptr + rows.to(tl.int64)[:, None] * stride_rm + k[None, :], mask=mx, other=0)
+                s = round_to_dtype(s + (widen(r, True) if AS_BITS else r.to(tl.float32)), True, ON_GPU, tl.bfloat16)
+            s_ptrs = s_ptr + rows.to(tl.int64)[:, None] * K + k[None, :]
+            first = (tl.zeros([BLOCK_M], dtype=tl.int32) + pid) == 0  # program 0 writes s
+            tl.store(s_ptrs, bf16_bits(s) if AS_BITS else s.to(tl.bfloat16), mask=mx & first[:, None])
+            sumsq += tl.sum(s * s, 1)
+            nw = tl.load(nw_ptr + k, mask=mk, other=0)
+            x = round_to_dtype(s * (1.0 + (widen(nw, True) if AS_BITS else nw.to(tl.float32)))[None, :], True,
+                               ON_GPU, tl.bfloat16)
+            if not AS_BITS:
+                x = x.to(tl.bfloat16)
+        elif AS_BITS:
             x = widen(x, True)
+        if AS_BITS:  # the interpreter has no bf16 arithmetic: exact bf16 -> fp32, IEEE fp32 products
             w = widen(w, True)
             if SWAP:
                 acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
@@ -90,6 +116,8 @@ def _decode_gemm_kernel(
                 acc = tl.dot(x, tl.trans(w), acc)
     if SWAP:
         acc = tl.trans(acc)
+    if NORM:
+        acc = acc * (1.0 / tl.sqrt_rn(sumsq / K + eps))[:, None]
     if SPLIT_K == 1:
         _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS)
     else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
@@ -161,30 +189,57 @@ def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, co
     """``x @ weight.T (+ bias)`` for x [..., K] with at most MAX_M rows, fp32 accumulation, one bf16
     rounding; ``config`` (keys of ``default_config``) overrides the shape's default."""
     check_shapes(x, weight, bias)
+    return _launch(x, weight, bias, config)[0]
+
+
+def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
+                            bias: Tensor | None = None, config: dict | None = None) -> tuple[Tensor, Tensor]:
+    """``(norm(s) @ weight.T (+ bias), s)`` with ``s = x + residual`` (x when residual is None) and the
+    zero-centred RMSNorm ``norm(s) = s * rstd * (1 + norm_weight)``, in one launch (see the module doc)."""
+    check_shapes(x, weight, bias)
+    K = weight.shape[1]
+    if (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype)) \
+            or norm_weight.shape != (K,) or norm_weight.dtype != torch.bfloat16:
+        raise OcriaError(f"decode_gemm_norm kernel: residual {None if residual is None else tuple(residual.shape)} "
+                         f"must match x {tuple(x.shape)} {x.dtype}, norm weight {tuple(norm_weight.shape)} "
+                         f"{norm_weight.dtype} must be bf16 [{K}]")
+    if config is None:  # rstd needs each program's whole row: no split; x, s and u tiles: K tiles <= 256
+        config = default_config(*weight.shape)
+        config = dict(config, split_k=1, block_k=min(config["block_k"], 256))
+    return _launch(x, weight, bias, config, residual, norm_weight, eps)
+
+
+def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None, residual: Tensor | None = None,
+            norm_weight: Tensor | None = None, eps: float = 0.0) -> tuple[Tensor, Tensor | None]:
     N, K = weight.shape
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, K)  # 2-D x keeps its row stride
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2, r2 = (t.reshape(-1, K) if t is not None else None for t in (x, residual))  # 2-D keeps its row stride
+    x2, r2 = (t.contiguous() if t is not None and t.stride(-1) != 1 else t for t in (x2, r2))
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     M = x2.shape[0]
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    norm = norm_weight is not None
+    s = torch.empty(M, K, dtype=x.dtype, device=x.device) if norm else None
     if M == 0 or N == 0:
-        return out.reshape(*lead, N)
+        return out.reshape(*lead, N), s.reshape(*lead, K) if norm else None
     cfg = config or default_config(N, K)
+    if norm and cfg.get("split_k", 1) != 1:
+        raise OcriaError("decode_gemm_norm kernel: split_k must be 1 (each program needs the whole row for rstd)")
     split_k, tiles = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"])
     k_split = triton.cdiv(triton.cdiv(K, split_k), cfg["block_k"]) * cfg["block_k"]
     ws, count = _scratch(x.device, tiles * split_k * BLOCK_M * cfg["block_n"], tiles) if split_k > 1 else (out, out)
     # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
     as_bits = x.device.type == "cpu"
-    x_, w_, out_ = (bf16_as_int16(t) if as_bits else t for t in (x2, weight, out))
+    x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None else t
+                                 for t in (x2, weight, out, r2, norm_weight, s))
     b_ = bf16_as_int16(bias.contiguous()) if bias is not None and as_bits else bias
     _kernel_for(x.device)[(tiles, split_k)](
-        x_, w_, b_ if bias is not None else out_, out_, ws, count, M, N, K, k_split,
-        x2.stride(0), weight.stride(0), out.stride(0),
+        x_, w_, b_ if bias is not None else out_, out_, ws, count, r_ if r_ is not None else out_,
+        nw_ if norm else out_, s_ if norm else out_, eps, M, N, K, k_split,
+        x2.stride(0), weight.stride(0), out.stride(0), r2.stride(0) if r2 is not None else 0,
         HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits, SPLIT_K=split_k,
-        BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+        NORM=norm, RESIDUAL=r2 is not None, BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
-    return out.reshape(*lead, N)
+    return out.reshape(*lead, N), s.reshape(*lead, K) if norm else None

@@ -6,7 +6,7 @@ other dtypes than bf16, N or K not a multiple of 16) runs the reference ``F.line
 import torch
 from torch import Tensor
 
-from ocria.plugins.decode_gemm.kernel import MAX_M, decode_gemm_triton
+from ocria.plugins.decode_gemm.kernel import MAX_M, decode_gemm_norm_triton, decode_gemm_triton
 from ocria.plugins.decode_gemm.reference import decode_gemm_reference
 from ocria.plugins.switch import kernel_enabled
 
@@ -30,3 +30,30 @@ def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kerne
     if fits and kernel_enabled(x.device, use_kernel, "decode_gemm"):
         return torch.ops.ocria.decode_gemm(x, weight, bias)
     return decode_gemm_reference(x, weight, bias)
+
+
+@torch.library.custom_op("ocria::decode_gemm_norm", mutates_args=())
+def _decode_gemm_norm_op(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float,
+                         weight: Tensor) -> tuple[Tensor, Tensor]:
+    return decode_gemm_norm_triton(x, residual, norm_weight, eps, weight)
+
+
+@_decode_gemm_norm_op.register_fake
+def _(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor) -> tuple[Tensor, Tensor]:
+    return x.new_empty(*x.shape[:-1], weight.shape[0]), torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def decode_gemm_norm(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
+                     use_kernel: bool | None = None) -> tuple[Tensor, Tensor] | None:
+    """``(zero-centred RMSNorm(s) @ weight.T, s)`` with ``s = x + residual`` in one launch, when the kernel
+    takes the call (bf16, at most MAX_M rows, N and K multiples of 16; none of ``decode_gemm_norm``,
+    ``decode_gemm``, ``rms_norm`` set aside); None otherwise, and the caller runs its norm and its GEMM."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    fits = (0 < rows <= MAX_M and x.dtype == weight.dtype == norm_weight.dtype == torch.bfloat16
+            and weight.dim() == 2 and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0
+            and norm_weight.shape == (x.shape[-1],) and weight.shape[1] == x.shape[-1]
+            and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype)))
+    if fits and all(kernel_enabled(x.device, use_kernel, name) for name in ("decode_gemm_norm", "decode_gemm",
+                                                                             "rms_norm")):
+        return torch.ops.ocria.decode_gemm_norm(x, residual, norm_weight, eps, weight)
+    return None

@@ -16,3 +16,18 @@ def decode_gemm_fp32(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> T
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype)
+
+
+def decode_gemm_norm_fp32(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
+                          bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The norm-prologue kernel's math (``decode_gemm_norm_triton``): ``s = x + residual`` rounded to x's dtype,
+    ``u = s * (1 + norm_weight)`` rounded, the fp32 product ``u @ weight.T`` scaled by each row's
+    ``rstd = 1 / sqrt(mean(s^2) + eps)`` (+ bias), rounded once. Returns (output, s)."""
+    s = x if residual is None else x + residual
+    sf = s.float()
+    rstd = 1.0 / (sf.square().mean(-1, keepdim=True) + eps).sqrt()
+    u = (sf * (1.0 + norm_weight.float())).to(x.dtype)
+    out = (u.float() @ weight.float().T) * rstd
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype), s
