@@ -26,13 +26,14 @@ def ptxas() -> str:
     raise SystemExit(f"no ptxas under {BIN_DIR}")
 
 
-def compile_sm90(kernel, types: dict, consts: dict, num_warps: int) -> dict:
+def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: int = 3) -> dict:
     """``kernel`` with runtime argument types ``types`` (e.g. ``"*bf16"``, ``"i32"``) and constexprs ``consts``:
     its PTX, SASS, registers per thread, spill bytes and SASS opcode counts."""
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types[n] for n in names}
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps)).asm["ptx"]
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                                 num_stages=num_stages)).asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx_path, "w") as f:
