@@ -130,8 +130,10 @@ class _Batches:
 
 def loader(assets: Path, batch_size: int, start_batch: int, workers: int, split: str = "train",
            pad_id: int = 0, kind: str | None = None) -> DataLoader:
-    """Batches ``start_batch, start_batch + 1, ...`` of ``split``, in order, without end."""
+    """Batches ``start_batch, start_batch + 1, ...`` of ``split``, in order, without end. Each worker keeps
+    up to 4 batches ready, fewer for big batches (fp32 patches are a few MB per page: at batch 256, 12
+    workers x 4 batches would hold tens of GB of host memory)."""
     return DataLoader(SplitDocuments(assets, split, kind=kind), batch_sampler=_Batches(start_batch, batch_size),
                       collate_fn=_Collate(pad_id),
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
-                      prefetch_factor=4 if workers else None, persistent_workers=False)
+                      prefetch_factor=max(1, min(4, 512 // batch_size)) if workers else None, persistent_workers=False)
