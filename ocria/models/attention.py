@@ -6,7 +6,7 @@ from torch import Tensor, nn
 
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
-from ocria.models.layers import ZeroCenteredRMSNorm, dense, project
+from ocria.models.layers import ZeroCenteredRMSNorm, dense
 from ocria.plugins.decode_attention import decode_attention
 
 
@@ -42,13 +42,10 @@ class GatedAttention(nn.Module):
         self.q_norm = ZeroCenteredRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: TargetCache | None = None,
-                slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
-        return self.mix(project(self, x, PROJECTIONS), cos, sin, cache, slots, attn_len)
-
-    def mix(self, projections: tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
-            cache: TargetCache | None = None, slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
-        """The layer after its q (with the output gate), k and v projections of the normed input."""
+    def forward(self, projections: tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
+                cache: TargetCache | None = None, slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
+        """The layer from its q (with the output gate), k and v projections of the normed input on (the decoder
+        layer computes them, folding its norm into their GEMM in decode steps: ``norm_project``)."""
         q, k, v = projections
         B, T, _ = q.shape
         q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
 from ocria.models.gdn_chunked import chunk_gated_delta_rule
-from ocria.models.layers import GatedRMSNorm, dense, project
+from ocria.models.layers import GatedRMSNorm, dense
 from ocria.plugins.replay_ssm import ops
 from ocria.plugins.replay_ssm.reference import conv_window, delta_step, fold_pending, gdn_gates, l2norm
 
@@ -95,12 +95,10 @@ class GatedDeltaNet(nn.Module):
         y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
         return F.silu(y).transpose(1, 2).to(qkv.dtype)
 
-    def forward(self, x: Tensor, mode: str, cache: TargetCache | None = None, slots: Tensor | None = None) -> Tensor:
-        return self.mix(project(self, x, PROJECTIONS), mode, cache, slots)
-
-    def mix(self, projections: tuple[Tensor, ...], mode: str, cache: TargetCache | None = None,
-            slots: Tensor | None = None) -> Tensor:
-        """The layer after its input projections (``PROJECTIONS`` of the normed input, [B, T, *] each)."""
+    def forward(self, projections: tuple[Tensor, ...], mode: str, cache: TargetCache | None = None,
+                slots: Tensor | None = None) -> Tensor:
+        """The layer from its input projections on (``PROJECTIONS`` of the normed input, [B, T, *] each): the
+        decoder layer computes them, folding its norm into their GEMM in decode steps (``norm_project``)."""
         qkv, z, b, a = projections
         B, T, _ = qkv.shape
         z = z.reshape(B, T, self.num_v_heads, self.head_v_dim)

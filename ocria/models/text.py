@@ -41,10 +41,10 @@ class DecoderLayer(nn.Module):
         verify steps the add + norm is folded into the next input projection)."""
         if self.layer_type == LINEAR:
             x, proj = norm_project(self.input_layernorm, x, delta, self.linear_attn, GDN_PROJECTIONS)
-            h = self.linear_attn.mix(proj, mode, cache, slots)
+            h = self.linear_attn(proj, mode, cache, slots)
         else:
             x, proj = norm_project(self.input_layernorm, x, delta, self.self_attn, ATTENTION_PROJECTIONS)
-            h = self.self_attn.mix(proj, cos, sin, cache, slots, attn_len)
+            h = self.self_attn(proj, cos, sin, cache, slots, attn_len)
         return norm_mlp(self.post_attention_layernorm, h, x, self.mlp)
 
 
