@@ -203,9 +203,12 @@ def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Ten
         raise OcriaError(f"decode_gemm_norm kernel: residual {None if residual is None else tuple(residual.shape)} "
                          f"must match x {tuple(x.shape)} {x.dtype}, norm weight {tuple(norm_weight.shape)} "
                          f"{norm_weight.dtype} must be bf16 [{K}]")
-    if config is None:  # rstd needs each program's whole row: no split; x, s and u tiles: K tiles <= 256
+    if config is None:  # rstd needs each program's whole row: no split-K. The prologue's x, s and u tiles cost
+        # registers: compiled for sm_90a (bench/ptxas.py, Triton 3.6 and 3.9), K tiles of 512 spill and the
+        # swap-AB form spills at 4 warps; K tiles <= 256 and 8 warps for swap-AB do not.
         config = default_config(*weight.shape)
-        config = dict(config, split_k=1, block_k=min(config["block_k"], 256))
+        config = dict(config, split_k=1, block_k=min(config["block_k"], 256),
+                      num_warps=8 if config["swap"] else config["num_warps"])
     return _launch(x, weight, bias, config, residual, norm_weight, eps)
 
 
