@@ -374,7 +374,7 @@ def fp32_check(preset, prompt, args, results) -> bool:
     """spec == ar on the same weights in fp32 (oracle and tau=8), where no tie should flip."""
     target, drafter = random_models(preset, "cuda", torch.float32)
     set_draft_vocab(drafter, args)
-    target.text.set_plugins(plugin_switch(args))
+    target.set_plugins(plugin_switch(args))
     table = torch.zeros(args.fp32_check + 1, prompt.input_ids.numel() + args.tokens * 2 + 64, dtype=torch.long,
                         device="cuda")
     _, ar = run_mode(target, drafter, prompt, args.fp32_check, "ar", table, args)
@@ -538,7 +538,7 @@ def main() -> int:
     target, drafter = random_models(preset, "cuda", torch.bfloat16)
     set_draft_vocab(drafter, args)
     formats = quantize_in_place(target, load_recipe(args.recipe)) if args.recipe != "bf16" else {}
-    target.text.set_plugins(plugin_switch(args))
+    target.set_plugins(plugin_switch(args))
     drafter.set_plugins(plugin_switch(args))
     if not args.no_fuse:
         target.text.fuse_projections()

@@ -82,7 +82,7 @@ def main() -> int:
     target, drafter = random_models(preset, "cpu", torch.bfloat16)
     target.text.fuse_projections()
     drafter.fuse_projections()
-    target.text.set_plugins(args.plugins == "on")
+    target.set_plugins(args.plugins == "on")
     drafter.set_plugins(args.plugins == "on")
     buf = io.BytesIO()
     generate(7, kind="line").image.save(buf, format="PNG")

@@ -34,7 +34,7 @@ def main() -> int:
     for dtype in (torch.float32, torch.bfloat16):
         target, drafter = random_models(preset, "cuda", dtype)
         for plugins in (True, False):
-            target.text.set_plugins(plugins)
+            target.set_plugins(plugins)
             noise = path_noise(target, prompt, [1 + i for i in range(16)], drafter.config.block_size)
             rows.append({"dtype": str(dtype), "plugins": plugins, "max_abs_logit_diff": noise})
             print(rows[-1], flush=True)

@@ -205,3 +205,20 @@ def test_decoder_layers_fold_their_norms_into_the_input_projections(monkeypatch)
         fused = model(embeds, pos)[0]
     assert folded == [True] * 2 * model.cfg.num_hidden_layers
     assert float((fused.float() - plain.float()).abs().max() / plain.float().abs().max()) <= 3e-2
+
+
+@pytest.mark.parametrize("cfg", ["columns", "split_k3"])
+def test_fp32_output_is_the_unrounded_sum(cfg):
+    """out_fp32 (the target's logits): the fp32 sums themselves, no bf16 rounding, rows batch invariant; the
+    reference path gives fp32 too."""
+    x, w, b = _case(M=16, seed=21, bias=True)
+    got = decode_gemm(x, w, b, use_kernel=True, out_fp32=True)
+    exact = x.float() @ w.float().T + b.float()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(got, got.to(torch.bfloat16).float())  # not rounded to bf16 on the way
+    assert torch.equal(decode_gemm_triton(x[3:4], w, b, config=CONFIGS[cfg], out_fp32=True)[0],
+                       decode_gemm_triton(x, w, b, config=CONFIGS[cfg], out_fp32=True)[3])
+    ref = decode_gemm(x, w, b, use_kernel=False, out_fp32=True)
+    assert ref.dtype == torch.float32 and torch.allclose(ref, exact, rtol=1e-5, atol=1e-5)
+    assert torch.ops.ocria.decode_gemm.default(x.to("meta"), w.to("meta"), None, True).dtype == torch.float32

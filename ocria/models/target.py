@@ -13,8 +13,10 @@ from ocria.errors import ConfigError, RequestError
 from ocria.models.cache import TargetCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import OCRiaConfig, TextConfig, read_config_json
+from ocria.models.layers import set_plugins
 from ocria.models.text import TextModel
 from ocria.models.vision import VisionModel
+from ocria.plugins.decode_gemm import decode_gemm
 
 IGNORED_TENSORS = (r"^mtp\.", r"^model\.mtp\.")
 
@@ -64,19 +66,25 @@ class _LMBase(nn.Module):
 
     text: TextModel
     lm_head: nn.Linear
+    use_kernel: bool | None = None  # plugins switch (set_plugins): the head of a decode step as ocria::decode_gemm
 
     @property
     def text_config(self) -> TextConfig:
         return self.text.cfg
 
     def logits(self, hidden: Tensor) -> Tensor:
-        """fp32 logits. On CUDA a bf16/fp16 head accumulates straight into fp32 (``mm`` with
-        ``out_dtype``): rounding logits to bf16 would create ties that flip greedy tokens."""
+        """fp32 logits. On CUDA a bf16/fp16 head accumulates straight into fp32 (the decode GEMM with fp32
+        output for up to 16 rows, else ``mm`` with ``out_dtype``): rounding logits to bf16 would create ties
+        that flip greedy tokens."""
         head = self.lm_head
         if hidden.is_cuda and hidden.dtype != torch.float32 and type(head) is nn.Linear:
-            flat = hidden.reshape(-1, hidden.shape[-1])
-            return torch.mm(flat, head.weight.t(), out_dtype=torch.float32).view(*hidden.shape[:-1], -1)
+            return decode_gemm(hidden, head.weight, use_kernel=self.use_kernel, out_fp32=True)
         return head(hidden).float()
+
+    def set_plugins(self, use_kernel: bool | None) -> None:
+        """One switch for every plugin kernel of the target (decoder layers and LM head): None = kernel on
+        CUDA, reference elsewhere."""
+        set_plugins(self, use_kernel)
 
     def forward_cached(self, embeds: Tensor, positions: Tensor, cache: TargetCache, slots: Tensor, mode: str,
                        capture: tuple[int, ...] = (), attn_len: int | None = None):

@@ -64,7 +64,7 @@ class Engine:
         self.prefill_chunk = int(profile.get("prefill_chunk", 512))
         self.processor = Processor.from_engine_dir(self.root, int(profile.get("max_image_pixels", 1 << 20)))
         self.target = load_target(self.root / "target", self.dtype, str(self.device))
-        self.target.text.set_plugins(use_plugins)
+        self.target.set_plugins(use_plugins)
         self.target.text.fuse_projections()
         self.plugins = "triton" if (use_plugins if use_plugins is not None else self.device.type == "cuda") \
             else "reference"

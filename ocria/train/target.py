@@ -40,7 +40,7 @@ def build_target(target_cfg: dict, seed: int) -> OCRiaForConditionalGeneration:
     model = random_init(OCRiaForConditionalGeneration(OCRiaConfig.from_dict(target_cfg)), seed)
     init_gdn_memory(model, seed)
     model.tie_weights()
-    model.text.set_plugins(False)  # autograd needs the references; no-grad diagnostics then match training
+    model.set_plugins(False)  # autograd needs the references; no-grad diagnostics then match training
     for p in model.parameters():
         p.requires_grad_(True)
     return model.train()

@@ -44,8 +44,9 @@ BLOCK_M = 16
 
 
 @triton.jit
-def _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl.constexpr, AS_BITS: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias) rounded once to bf16 and stored."""
+def _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl.constexpr, AS_BITS: tl.constexpr,
+              OUT_F32: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias) stored in fp32 (OUT_F32) or rounded once to bf16."""
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols, mask=mcol, other=0)
         if AS_BITS:
@@ -53,7 +54,9 @@ def _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl
         else:
             acc = acc + bias.to(tl.float32)[None, :]
     o_ptrs = o_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-    if AS_BITS:
+    if OUT_F32:
+        tl.store(o_ptrs, acc, mask=mrow[:, None] & mcol[None, :])
+    elif AS_BITS:
         tl.store(o_ptrs, bf16_bits(acc), mask=mrow[:, None] & mcol[None, :])
     else:
         tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mrow[:, None] & mcol[None, :])
@@ -64,7 +67,8 @@ def _decode_gemm_kernel(
     x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, r_ptr, nw_ptr, s_ptr, eps,
     M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om, stride_rm,
     HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
-    NORM: tl.constexpr, RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     ON_GPU: tl.constexpr = not AS_BITS
     pid = tl.program_id(0)
@@ -119,7 +123,7 @@ def _decode_gemm_kernel(
     if NORM:
         acc = acc * (1.0 / tl.sqrt_rn(sumsq / K + eps))[:, None]
     if SPLIT_K == 1:
-        _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS)
+        _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32)
     else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
         tile = ws_ptr + pid.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
         offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -131,7 +135,7 @@ def _decode_gemm_kernel(
             for s in range(SPLIT_K):  # split order, whichever program arrived last
                 total += tl.load(tile + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next call
-            _epilogue(total, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS)
+            _epilogue(total, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32)
 
 
 def default_config(N: int, K: int) -> dict:
@@ -185,11 +189,13 @@ def check_shapes(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
         raise OcriaError(f"decode_gemm kernel: bias {tuple(bias.shape)}, expected ({N},)")
 
 
-def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, config: dict | None = None) -> Tensor:
+def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, config: dict | None = None,
+                       out_fp32: bool = False) -> Tensor:
     """``x @ weight.T (+ bias)`` for x [..., K] with at most MAX_M rows, fp32 accumulation, one bf16
-    rounding; ``config`` (keys of ``default_config``) overrides the shape's default."""
+    rounding (none with ``out_fp32``: the fp32 sums, as logits want them); ``config`` (keys of
+    ``default_config``) overrides the shape's default."""
     check_shapes(x, weight, bias)
-    return _launch(x, weight, bias, config)[0]
+    return _launch(x, weight, bias, config, out_fp32=out_fp32)[0]
 
 
 def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
@@ -204,16 +210,17 @@ def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Ten
                          f"must match x {tuple(x.shape)} {x.dtype}, norm weight {tuple(norm_weight.shape)} "
                          f"{norm_weight.dtype} must be bf16 [{K}]")
     if config is None:  # rstd needs each program's whole row: no split-K. The prologue's x, s and u tiles cost
-        # registers: compiled for sm_90a (bench/ptxas.py, Triton 3.6 and 3.9), K tiles of 512 spill and the
-        # swap-AB form spills at 4 warps; K tiles <= 256 and 8 warps for swap-AB do not.
+        # registers: compiled for sm_90a (bench/ptxas.py, Triton 3.6, the H200 machine's), the column form
+        # spills with K tiles of 256 and the swap-AB form at 4 warps; K tiles of 128, 8 warps for swap-AB, do not.
         config = default_config(*weight.shape)
-        config = dict(config, split_k=1, block_k=min(config["block_k"], 256),
+        config = dict(config, split_k=1, block_k=min(config["block_k"], 128),
                       num_warps=8 if config["swap"] else config["num_warps"])
     return _launch(x, weight, bias, config, residual, norm_weight, eps)
 
 
 def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None, residual: Tensor | None = None,
-            norm_weight: Tensor | None = None, eps: float = 0.0) -> tuple[Tensor, Tensor | None]:
+            norm_weight: Tensor | None = None, eps: float = 0.0,
+            out_fp32: bool = False) -> tuple[Tensor, Tensor | None]:
     N, K = weight.shape
     lead = x.shape[:-1]
     x2, r2 = (t.reshape(-1, K) if t is not None else None for t in (x, residual))  # 2-D keeps its row stride
@@ -221,7 +228,7 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     M = x2.shape[0]
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    out = torch.empty(M, N, dtype=torch.float32 if out_fp32 else x.dtype, device=x.device)
     norm = norm_weight is not None
     s = torch.empty(M, K, dtype=x.dtype, device=x.device) if norm else None
     if M == 0 or N == 0:
@@ -242,7 +249,8 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
         nw_ if norm else out_, s_ if norm else out_, eps, M, N, K, k_split,
         x2.stride(0), weight.stride(0), out.stride(0), r2.stride(0) if r2 is not None else 0,
         HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits, SPLIT_K=split_k,
-        NORM=norm, RESIDUAL=r2 is not None, BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+        NORM=norm, RESIDUAL=r2 is not None, OUT_F32=out_fp32,
+        BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )  # fmt: skip
     return out.reshape(*lead, N), s.reshape(*lead, K) if norm else None

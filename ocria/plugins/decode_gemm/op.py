@@ -12,24 +12,26 @@ from ocria.plugins.switch import kernel_enabled
 
 
 @torch.library.custom_op("ocria::decode_gemm", mutates_args=())
-def _decode_gemm_op(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    return decode_gemm_triton(x, weight, bias)
+def _decode_gemm_op(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_fp32: bool = False) -> Tensor:
+    return decode_gemm_triton(x, weight, bias, out_fp32=out_fp32)
 
 
 @_decode_gemm_op.register_fake
-def _(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_fp32: bool = False) -> Tensor:
+    return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32 if out_fp32 else x.dtype)
 
 
-def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kernel: bool | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)`` for x [..., K] bf16, weight [N, K]; up to MAX_M rows in one launch whose
-    rows are batch invariant (see ``kernel``); anything else through the reference."""
+def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kernel: bool | None = None,
+                out_fp32: bool = False) -> Tensor:
+    """``F.linear(x, weight, bias)`` for x [..., K] bf16, weight [N, K] (with ``out_fp32`` the fp32 sums, not
+    rounded: logits); up to MAX_M rows in one launch whose rows are batch invariant (see ``kernel``);
+    anything else through the reference."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     fits = (rows <= MAX_M and x.dtype == weight.dtype == torch.bfloat16 and weight.dim() == 2
             and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
     if fits and kernel_enabled(x.device, use_kernel, "decode_gemm"):
-        return torch.ops.ocria.decode_gemm(x, weight, bias)
-    return decode_gemm_reference(x, weight, bias)
+        return torch.ops.ocria.decode_gemm(x, weight, bias, out_fp32)
+    return decode_gemm_reference(x, weight, bias, out_fp32)
 
 
 @torch.library.custom_op("ocria::decode_gemm_norm", mutates_args=())

@@ -1,13 +1,23 @@
 """Plain PyTorch references for the decode GEMM: what the models run today (``F.linear``, cuBLAS on
 the GPU) and the exact-math target the kernel rounds to (fp32 products and sums, one bf16 rounding)."""
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 
-def decode_gemm_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``x @ weight.T + bias`` as the models compute it: x [..., K], weight [N, K] -> [..., N]."""
-    return F.linear(x, weight, bias)
+def decode_gemm_reference(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_fp32: bool = False) -> Tensor:
+    """``x @ weight.T + bias`` as the models compute it: x [..., K], weight [N, K] -> [..., N]. With
+    ``out_fp32`` the sums stay fp32 (CUDA: ``mm`` with ``out_dtype``, no fp32 copy of the weight)."""
+    if not out_fp32 or x.dtype == torch.float32:
+        out = F.linear(x, weight, bias)
+        return out.float() if out_fp32 else out
+    if x.is_cuda:
+        flat = torch.mm(x.reshape(-1, x.shape[-1]), weight.t(), out_dtype=torch.float32)
+        out = flat.view(*x.shape[:-1], -1)
+    else:
+        out = F.linear(x.float(), weight.float())
+    return out if bias is None else out + bias.float()
 
 
 def decode_gemm_fp32(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
