@@ -47,6 +47,9 @@ CONFIGS = {
                               "split_k": 4},
     "n32_k256_w4_s4_swap_split4": {"block_n": 32, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": True,
                                    "split_k": 4},
+    # and for attn_qkv (N = 5120: 80 tiles of 64 columns)
+    "n64_k128_w4_s4_swap_split2": {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap": True,
+                                   "split_k": 2},
 }
 
 
