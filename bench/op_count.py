@@ -23,6 +23,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
+from inert_ops import INERT_OPS  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from ocria.builder.presets import load_preset, random_models  # noqa: E402
@@ -31,16 +32,7 @@ from ocria.models import DrafterCache, TargetCache  # noqa: E402
 from ocria.runtime.decode import SamplingTensors, decode_step, prefill  # noqa: E402
 from ocria.runtime.processor import Processor  # noqa: E402
 
-INERT = {  # ops that launch nothing on a GPU
-    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::view", "aten::as_strided", "aten::reshape",
-    "aten::_reshape_alias", "aten::resize_", "aten::t", "aten::transpose", "aten::unsqueeze", "aten::squeeze",
-    "aten::expand", "aten::slice", "aten::select", "aten::split", "aten::split_with_sizes", "aten::permute",
-    "aten::unflatten", "aten::chunk", "aten::narrow", "aten::alias", "aten::detach", "aten::lift_fresh",
-    "aten::item", "aten::_local_scalar_dense", "aten::is_nonzero", "aten::unbind", "aten::flatten", "aten::view_as",
-    "aten::_unsafe_view", "aten::type_as", "aten::promote_types", "aten::resolve_conj", "aten::scalar_tensor",
-    "aten::result_type", "aten::contiguous", "aten::set_", "aten::lift", "aten::is_same_size", "aten::size",
-    "aten::stride",
-}
+INERT = {f"aten::{name}" for name in INERT_OPS}  # ops that launch nothing on a GPU
 
 
 def _inert(event) -> bool:

@@ -16,6 +16,7 @@ import sys
 import time
 
 import torch
+from inert_ops import INERT_OPS
 from timing import save_json
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -25,12 +26,6 @@ from ocria.train.gdn_chunked import chunked_gdn
 from ocria.train.optim import FlatAdamW
 from ocria.train.target import build_target, target_loss
 from ocria.train.vision_batched import batched_vision
-
-INERT = {  # dispatched ops that launch no kernel
-    "view", "_unsafe_view", "reshape", "_reshape_alias", "transpose", "t", "expand", "slice", "select", "unsqueeze",
-    "squeeze", "permute", "as_strided", "split", "split_with_sizes", "alias", "detach", "unbind", "narrow", "chunk",
-    "empty", "empty_like", "empty_strided", "unflatten", "flatten", "diagonal", "view_as_real", "lift_fresh",
-}
 
 
 class OpCounter(TorchDispatchMode):
@@ -42,7 +37,7 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if name not in INERT:
+        if name not in INERT_OPS:
             self.ops[name] += 1
         return func(*args, **(kwargs or {}))
 
