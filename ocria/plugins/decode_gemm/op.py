@@ -11,6 +11,13 @@ from ocria.plugins.decode_gemm.reference import decode_gemm_reference
 from ocria.plugins.switch import kernel_enabled
 
 
+def _kernel_takes(x: Tensor, weight: Tensor) -> bool:
+    """The kernel's shapes: bf16 x [..., K] of at most MAX_M rows and weight [N, K], N and K multiples of 16."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return (rows <= MAX_M and x.dtype == weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
+
+
 @torch.library.custom_op("ocria::decode_gemm", mutates_args=())
 def _decode_gemm_op(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_fp32: bool = False) -> Tensor:
     return decode_gemm_triton(x, weight, bias, out_fp32=out_fp32)
@@ -26,10 +33,7 @@ def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kerne
     """``F.linear(x, weight, bias)`` for x [..., K] bf16, weight [N, K] (with ``out_fp32`` the fp32 sums, not
     rounded: logits); up to MAX_M rows in one launch whose rows are batch invariant (see ``kernel``);
     anything else through the reference."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    fits = (rows <= MAX_M and x.dtype == weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
-    if fits and kernel_enabled(x.device, use_kernel, "decode_gemm"):
+    if _kernel_takes(x, weight) and kernel_enabled(x.device, use_kernel, "decode_gemm"):
         return torch.ops.ocria.decode_gemm(x, weight, bias, out_fp32)
     return decode_gemm_reference(x, weight, bias, out_fp32)
 
@@ -50,9 +54,7 @@ def decode_gemm_norm(x: Tensor, residual: Tensor | None, norm_weight: Tensor, ep
     """``(zero-centred RMSNorm(s) @ weight.T, s)`` with ``s = x + residual`` in one launch, when the kernel
     takes the call (bf16, at most MAX_M rows, N and K multiples of 16; none of ``decode_gemm_norm``,
     ``decode_gemm``, ``rms_norm`` set aside); None otherwise, and the caller runs its norm and its GEMM."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    fits = (0 < rows <= MAX_M and x.dtype == weight.dtype == norm_weight.dtype == torch.bfloat16
-            and weight.dim() == 2 and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0
+    fits = (_kernel_takes(x, weight) and x.numel() > 0 and norm_weight.dtype == torch.bfloat16
             and norm_weight.shape == (x.shape[-1],) and weight.shape[1] == x.shape[-1]
             and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype)))
     if fits and all(kernel_enabled(x.device, use_kernel, name) for name in ("decode_gemm_norm", "decode_gemm",
