@@ -201,7 +201,7 @@ def test_decoder_layers_fold_their_norms_into_the_input_projections(monkeypatch)
             return out
 
         monkeypatch.setattr(layers, "decode_gemm_norm", counted)
-        model.set_plugins(True)
+        layers.set_plugins(model, True)
         fused = model(embeds, pos)[0]
     assert folded == [True] * 2 * model.cfg.num_hidden_layers
     assert float((fused.float() - plain.float()).abs().max() / plain.float().abs().max()) <= 3e-2

@@ -89,7 +89,7 @@ def test_switch_autograd_and_errors():
 
 
 def test_model_norms_take_the_plugin_switch():
-    """``set_plugins`` reaches every norm of the text model; the kernel path gives the reference's logits."""
+    """``target.set_plugins`` reaches every norm of the text model; the kernel path gives the reference's logits."""
     from ocria.builder.presets import load_preset, random_models
 
     target, _ = random_models(load_preset("ocria-mini"), "cpu", torch.float32)
@@ -98,9 +98,9 @@ def test_model_norms_take_the_plugin_switch():
     ids = torch.randint(7, 500, (2, 9))
     pos = torch.arange(9).expand(3, 2, 9)
     with torch.no_grad():
-        target.text.set_plugins(False)
+        target.set_plugins(False)
         want, want_captured = target.text(target.text.embed_tokens(ids), pos, capture=(1, 5))
-        target.text.set_plugins(True)
+        target.set_plugins(True)
         assert all(m.use_kernel for m in norms)
         got, got_captured = target.text(target.text.embed_tokens(ids), pos, capture=(1, 5))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -18,7 +18,6 @@ from ocria.models.layers import (
     mrope_cos_sin,
     norm_mlp,
     norm_project,
-    set_plugins,
 )
 
 
@@ -75,11 +74,6 @@ class TextModel(nn.Module):
             mixer = layer.linear_attn if layer.layer_type == LINEAR else layer.self_attn
             fuse_linears(mixer, GDN_PROJECTIONS if layer.layer_type == LINEAR else ATTENTION_PROJECTIONS)
             fuse_linears(layer.mlp, GATE_UP)
-
-    def set_plugins(self, use_kernel: bool | None) -> None:
-        """One switch for every plugin kernel below this model (ReplaySSM in the GDN layers, and the
-        quantized linears' kernels when present): None = kernel on CUDA, reference elsewhere."""
-        set_plugins(self, use_kernel)
 
     def rotary(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """positions [3, B, T] -> cos, sin [B, T, rotary_dim]."""
