@@ -55,7 +55,7 @@ class QuantSwiGLU(nn.Module):
         self.gate_up = QuantLinear.concat([gate, up], name=f"{name}.gate_up")
         self.gate_proj, self.up_proj = _rows(self.gate_up, gate, 0), _rows(self.gate_up, up, gate.out_features)
         self.down_proj = down
-        self.use_kernel: bool | None = None  # plugins switch (``TextModel.set_plugins``) for the fused SiLU kernel
+        self.use_kernel: bool | None = None  # plugins switch (the target's ``set_plugins``) for the fused SiLU kernel
 
     def forward(self, x: Tensor) -> Tensor:
         return mlp_forward(x, self.gate_up, self.down_proj, use_kernel=self.use_kernel)
