@@ -16,7 +16,7 @@ import triton
 from ptxas import compile_sm90
 from timing import save_json
 
-from ocria.plugins.silu_quant.kernel import MODE_IDS, _silu_mul_quant_kernel, default_config
+from ocria.plugins.silu_quant.kernel import MODE_IDS, _silu_mul_quant_kernel, default_config, tiling
 
 TYPES = dict(x_ptr="*i16", out_ptr="*u8", scale_ptr="*fp32", out_scale_ptr="*fp32", M="i32", N="i32",
              stride_xm="i32", stride_om="i32", stride_sm="i32")
@@ -24,10 +24,9 @@ TYPES = dict(x_ptr="*i16", out_ptr="*u8", scale_ptr="*fp32", out_scale_ptr="*fp3
 
 def stats(mode: str, n: int, cfg: dict) -> dict:
     """One gated bf16 launch of ``mode`` at width n with ``cfg`` (keys of ``default_config``)."""
-    block_n = cfg["block_n"] or max(16, triton.next_power_of_2(n))
-    chunks = triton.cdiv(n, block_n) if mode == "fp8_dynamic" else 1
+    block_n, chunks, passes = tiling(mode, n, cfg)
     consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_EXP=cfg["fast_exp"],
-                  NPASS=2 if chunks > 1 else 1, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks)
+                  NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks)
     types = dict(TYPES, out_ptr="*i16" if mode == "bf16" else "*u8",
                  out_scale_ptr="*u8" if mode == "nvfp4" else "*fp32")
     out = compile_sm90(_silu_mul_quant_kernel, types, consts, cfg["num_warps"])

@@ -222,6 +222,14 @@ def default_config(mode: str, M: int, N: int) -> dict:
     return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True}
 
 
+def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
+    """(columns per tile, tiles per program, passes) of a row of width N under ``config``: ``block_n`` 0 is
+    the whole row; per-token FP8 walks its row's tiles in one program, twice when there is more than one."""
+    block_n = config["block_n"] or max(16, triton.next_power_of_2(N))
+    chunks = triton.cdiv(N, block_n) if mode == "fp8_dynamic" else 1
+    return block_n, chunks, 2 if chunks > 1 else 1
+
+
 def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
             config: dict | None = None) -> tuple[Tensor, Tensor | None]:
     if mode not in MODE_IDS:
@@ -252,8 +260,8 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
         out = torch.empty(M, N // 2, dtype=torch.uint8, device=dev)
         out_scale = torch.empty(M, N // NVFP4_BLOCK, dtype=torch.uint8, device=dev)
     cfg = config or default_config(mode, M, N)
-    block_m, block_n = cfg["block_m"], cfg["block_n"] or max(16, triton.next_power_of_2(N))  # 0: the whole row
-    chunks = triton.cdiv(N, block_n) if mode == "fp8_dynamic" else 1
+    block_m = cfg["block_m"]
+    block_n, chunks, passes = tiling(mode, N, cfg)
     grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * chunks))
     if M > 0:
         as_bits = x.dtype == torch.bfloat16
@@ -263,7 +271,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
             x_arg, out_arg, scale if scale is not None else out, out_scale if out_scale is not None else out,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
             MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
-            NPASS=2 if chunks > 1 else 1,
+            NPASS=passes,
             BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"],
         )
     if mode in ("fp8_static", "fp8_dynamic"):
