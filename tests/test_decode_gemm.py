@@ -101,6 +101,14 @@ def test_default_config_depends_on_the_weight_only_and_covers_the_columns():
     assert default_config(4128, 64) != default_config(2048, 64)
 
 
+def test_default_config_splits_long_k_of_narrow_outputs():
+    x, w, _ = _case(M=3, K=4096, N=64, seed=7)  # N <= 4096, K >= 4096: the split-K default
+    assert default_config(64, 4096)["split_k"] > 1
+    got = decode_gemm(x, w, use_kernel=True)
+    assert int(_ulps(got, decode_gemm_fp32(x, w)).max()) <= 1
+    assert torch.equal(decode_gemm(x[1:2], w, use_kernel=True)[0], got[1])
+
+
 def test_strided_rows_and_leading_dims():
     x, w, b = _case(M=6, K=128, N=48, seed=3, bias=True)
     wide = torch.zeros(6, 200, dtype=torch.bfloat16)

@@ -139,13 +139,17 @@ def _decode_gemm_kernel(
 
 
 def default_config(N: int, K: int) -> dict:
-    """Columns per program, K tile, warps, pipeline depth and operand order for a weight [N, K].
+    """Columns per program, K tile, warps, pipeline depth, operand order and split-K for a weight [N, K].
     A function of the weight's shape only (never of M): that is what keeps rows batch invariant.
-    Narrow outputs take 16-column programs so that N / BLOCK_N still covers the GPU's SMs. The two
-    configurations are the fastest of bench/decode_gemm.py's sweep on the H200 for every ocria-1-sim
-    weight at every M (bench/results/decode_gemm_h200.json, ``best_over_M``)."""
+    Narrow outputs (N <= 4096) have too few column tiles to keep HBM busy: with a long K they split it
+    four ways, with a short one they take 16-column programs. Each branch is the fastest configuration
+    of bench/decode_gemm.py's sweep on the H200 for the ocria-1-sim weights of its class at every M
+    (bench/results/decode_gemm_h200_split.json, ``best_over_M``: gdn_out_proj and mlp_down, attn_o_proj,
+    and the wide in-projections with the LM head)."""
+    if N <= 4096 and K >= 4096:
+        return {"block_n": 32, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": True, "split_k": 4}
     if N <= 4096:
-        return {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 3, "swap": False, "split_k": 1}
+        return {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": False, "split_k": 1}
     return {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap": True, "split_k": 1}
 
 
