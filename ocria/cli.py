@@ -51,7 +51,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
                    help="share of the GPU the caches may fill (CUDA): sizes the number of sequence slots")
     p.add_argument("--plugins", choices=("auto", "on", "off"), default="auto",
-                   help="Triton plugin kernels: auto = on CUDA only")
+                   help="Triton plugin kernels: auto = on CUDA only (opt-in ones as OCRIA_ENABLE_KERNELS says); "
+                        "on = every kernel, opt-in ones too (CPU: Triton's interpreter)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 

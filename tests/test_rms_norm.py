@@ -120,6 +120,22 @@ def test_one_kernel_can_be_set_aside_by_name(monkeypatch):
         kernel_enabled(cuda, None, "rms_norm")
 
 
+def test_opt_in_kernel_runs_only_when_enabled_by_name(monkeypatch):
+    from ocria.plugins.switch import kernel_enabled
+
+    cuda = torch.device("cuda")
+    monkeypatch.delenv("OCRIA_ENABLE_KERNELS", raising=False)
+    assert not kernel_enabled(cuda, None, "decode_gemm_norm") and kernel_enabled(cuda, None, "decode_gemm")
+    monkeypatch.setenv("OCRIA_ENABLE_KERNELS", "decode_gemm_norm")
+    assert kernel_enabled(cuda, None, "decode_gemm_norm")
+    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "decode_gemm_norm")  # set aside wins
+    assert not kernel_enabled(cuda, None, "decode_gemm_norm")
+    monkeypatch.delenv("OCRIA_DISABLE_KERNELS")
+    monkeypatch.setenv("OCRIA_ENABLE_KERNELS", "rms_norm")  # only opt-in kernels can be named
+    with pytest.raises(OcriaError, match="OCRIA_ENABLE_KERNELS: unknown kernel 'rms_norm'"):
+        kernel_enabled(cuda, None, "decode_gemm_norm")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_add_rms_norm_writes_the_sum_and_its_norm(dtype):
     """The residual add fused into the norm: the sum is PyTorch's add bit for bit, the norm within 1 ulp."""

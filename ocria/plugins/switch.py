@@ -10,30 +10,40 @@ from ocria.errors import OcriaError
 KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm",
            "decode_gemm_norm")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
+# Off unless named in OCRIA_ENABLE_KERNELS: the norm folded into the GEMM made the H200's bf16 decode step
+# slower, not faster (bench/results/e2e_h200_norm_fold.json against e2e_h200_no_norm_fold.json).
+OPT_IN = ("decode_gemm_norm",)
+ENABLE_ENV = "OCRIA_ENABLE_KERNELS"
 
 
 def disabled_kernels() -> frozenset[str]:
     """Kernels named in ``OCRIA_DISABLE_KERNELS`` (comma-separated): their default becomes the reference,
     so one misbehaving kernel on a new GPU or Triton can be set aside without losing the others."""
-    return _parse_disabled(os.environ.get(DISABLE_ENV, ""))
+    return _parse_names(DISABLE_ENV, os.environ.get(DISABLE_ENV, ""), KERNELS)
 
 
-@lru_cache(maxsize=8)
-def _parse_disabled(value: str) -> frozenset[str]:
+def enabled_kernels() -> frozenset[str]:
+    """Opt-in kernels (``OPT_IN``) named in ``OCRIA_ENABLE_KERNELS`` (comma-separated): on by default for them."""
+    return _parse_names(ENABLE_ENV, os.environ.get(ENABLE_ENV, ""), OPT_IN)
+
+
+@lru_cache(maxsize=16)
+def _parse_names(env: str, value: str, known: tuple[str, ...]) -> frozenset[str]:
     """Parsed once per value: kernel_enabled runs on every plugin call."""
     names = frozenset(n.strip() for n in value.split(",") if n.strip())
-    unknown = names - set(KERNELS)
+    unknown = names - set(known)
     if unknown:
-        raise OcriaError(f"{DISABLE_ENV}: unknown kernel {sorted(unknown)[0]!r}; known: {', '.join(KERNELS)}")
+        raise OcriaError(f"{env}: unknown kernel {sorted(unknown)[0]!r}; known: {', '.join(known)}")
     return names
 
 
 def kernel_enabled(device: torch.device, use_kernel: bool | None = None, name: str | None = None) -> bool:
-    """None: the Triton kernel on CUDA tensors (unless ``name`` is in ``OCRIA_DISABLE_KERNELS``), the
-    PyTorch reference elsewhere. True on CPU runs the kernel in Triton's interpreter
-    (``TRITON_INTERPRET=1`` set before triton is imported)."""
+    """None: the Triton kernel on CUDA tensors (unless ``name`` is in ``OCRIA_DISABLE_KERNELS``, or is
+    opt-in and not in ``OCRIA_ENABLE_KERNELS``), the PyTorch reference elsewhere. True runs every kernel,
+    opt-in ones too; on CPU in Triton's interpreter (``TRITON_INTERPRET=1`` set before triton is imported)."""
     if use_kernel is None:
-        return device.type == "cuda" and name not in disabled_kernels()
+        return (device.type == "cuda" and name not in disabled_kernels()
+                and (name not in OPT_IN or name in enabled_kernels()))
     if use_kernel and device.type != "cuda":
         if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
             raise OcriaError(f"plugin kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
