@@ -213,12 +213,14 @@ def _kernel_for(device: torch.device):
 
 def default_config(mode: str, M: int, N: int) -> dict:
     """Rows x columns per program and warps: the fastest per mode of the sweep at 4096 x 12288 in
-    bench/results/silu_quant_h200_run3.json, with libdevice ``fast_expf``, which gave PyTorch's bytes for
-    every bf16 gate value there. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h
-    once; wider rows walk their chunks twice: amax, then bytes)."""
+    bench/results/silu_quant_h200_run4.json (run 3 picked the same but for FP8 static, 4% faster there with
+    1024-wide tiles of 4 warps), with libdevice ``fast_expf``, which gave PyTorch's bytes for every bf16 gate
+    value. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h once; wider rows walk
+    their chunks twice: amax, then bytes, which at 12288 columns beat one whole-row tile at any warp count)."""
     if mode == "fp8_dynamic":
         return {"block_m": 1, "block_n": 4096 if N > 4096 else 0, "num_warps": 8, "fast_exp": True}
-    block_n = 2048 if N >= 2048 else max(16, triton.next_power_of_2(N))
+    widest = 1024 if mode == "fp8_static" else 2048
+    block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
     return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True}
 
 
