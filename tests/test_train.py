@@ -311,6 +311,7 @@ def test_resume_gives_identical_next_step_loss(tiny_preset, tmp_path):
     a = [h["loss"] for h in whole.run["history"]["target"]]
     b = [h["loss"] for h in resumed.run["history"]["target"]]
     assert len(a) == len(b) == 4 and a == b
+    assert all(0 <= h["data_wait"] <= 1 for h in whole.run["history"]["target"])  # the loop's wait for batches
     exported = [(tmp_path / r / "target" / "model.safetensors").read_bytes() for r in ("a", "b")]
     assert exported[0] == exported[1]
 

@@ -239,6 +239,8 @@ class Run:
         last_save = time.time()
         t_start, step_start = time.time(), step
         skipped = bad_run = 0
+        waited = 0.0  # seconds the loop spent waiting for the data workers since the last log line
+        t_body_end = t_waited_from = time.perf_counter()
 
         def save() -> None:
             tensors = ckpt.module_tensors("model", model)
@@ -251,6 +253,7 @@ class Run:
 
         if steps <= 0 or step < steps:
             for batch in self._batches(batch_size, step, line_steps):
+                waited += time.perf_counter() - t_body_end
                 cur_lr = lr_at(step, max(steps, warmup + 1), lr, warmup)
                 set_lr(opt, cur_lr)
                 with self.autocast(), chunked_gdn(cfg.gdn_chunk), batched_vision():
@@ -279,12 +282,14 @@ class Run:
                     self.log(f"{name}: {rate:.2f} steps/s -> {steps} steps for {minutes} min")
                 if step % cfg.log_every == 0 or step == steps:
                     rate = (step - step_start) / (time.time() - t_start)
+                    now = time.perf_counter()  # the share of wall time the GPU loop sat waiting for batches
+                    data_wait, waited, t_waited_from = waited / max(now - t_waited_from, 1e-9), 0.0, now
                     history.append({"step": step, "loss": round(loss.item(), 5), "lr": cur_lr,
                                     "grad_norm": round(float(gnorm), 4), "steps_per_s": round(rate, 3),
-                                    "skipped": skipped,
+                                    "data_wait": round(data_wait, 3), "skipped": skipped,
                                     **{k: round(v, 5) for k, v in stats.items()}})
                     self.log(f"{name} step {step}/{steps} loss {loss.item():.4f} lr {cur_lr:.2e} "
-                             f"{rate:.2f} it/s {stats}")
+                             f"{rate:.2f} it/s data wait {data_wait:.0%} {stats}")
                 if step == steps:
                     break
                 stop = self.left() < 45 or (self.max_steps is not None and step - step_start >= self.max_steps)
@@ -293,6 +298,7 @@ class Run:
                     last_save = time.time()
                     if stop:
                         return False
+                t_body_end = time.perf_counter()
         self.run["stages"][name] = {"steps": step, "final_loss": history[-1]["loss"] if history else None,
                                     "finished_utc": utc_now()}
         return True
