@@ -18,7 +18,7 @@ from ocria.plugins.replay_ssm.reference import delta_step, l2norm
 from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
 from ocria.train.__main__ import main as train_main
-from ocria.train.data import IGNORE, encode, image_swap_pair, loader
+from ocria.train.data import IGNORE, collate, encode, image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
 from ocria.train.export import export_model, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
@@ -161,8 +161,20 @@ def test_training_prompt_is_the_inference_prompt_of_the_png(tiny_preset):
         png = io.BytesIO()
         doc.image.save(png, format="PNG")
         served, trained = processor.prepare(png.getvalue()), encode(processor, doc)
-        assert torch.equal(trained.pixel_values, served.pixel_values)
+        assert trained.pixel_bytes.dtype == torch.uint8  # a quarter of the bytes through the loader
+        assert torch.equal(collate([trained], 0).pixel_values, served.pixel_values)
         assert torch.equal(trained.input_ids[:trained.prompt_len], served.input_ids)
+
+
+def test_pin_thread_pins_every_tensor_of_a_batch(batch, monkeypatch):
+    """The DataLoader pins objects through their ``pin_memory`` method; without one a Batch stayed pageable."""
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    pinned = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a, **k: pinned.append(t) or t.clone())
+    out = pin_memory(batch)
+    assert type(out) is type(batch) and len(pinned) == len(dataclasses.fields(batch))
+    assert out.pixel_bytes.dtype == torch.uint8 and torch.equal(out.pixel_values, batch.pixel_values)
 
 
 def _first_gdn_at_answer(model, batch, pixel_values):

@@ -6,8 +6,10 @@ needs no torchvision), so pixels match what the reference processor feeds the mo
 
 import io
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
@@ -21,7 +23,7 @@ DEFAULT_MAX_PIXELS = 1024 * 1024
 @dataclass
 class PreparedPrompt:
     input_ids: torch.Tensor  # [L] long
-    pixel_values: torch.Tensor  # [P, C*Tp*p*p] float32
+    pixel_values: torch.Tensor  # [P, C*Tp*p*p] float32 (uint8 from ``prepare(as_bytes=True)``)
     image_grid_thw: torch.Tensor  # [1, 3] long
 
 
@@ -55,16 +57,52 @@ class Processor:
             raise RequestError(f"{name}: image is {w}x{h} = {w * h} pixels, over the limit of {self.max_pixels}")
         return img.convert("RGB")
 
-    def prepare(self, image: bytes | str | Path | Image.Image, prompt: str | None = None) -> PreparedPrompt:
+    def prepare(self, image: bytes | str | Path | Image.Image, prompt: str | None = None,
+                as_bytes: bool = False) -> PreparedPrompt:
+        """The prompt ids and patches of one image. ``as_bytes``: the patches as the resized image's uint8
+        values, a quarter of the bytes to move (training batches); ``pixels_from_bytes`` with
+        ``byte_table`` turns them into exactly the pixel values of ``as_bytes=False``."""
         img = self.load_image(image)
-        out = self.image_processor(images=[img], return_tensors="pt")
-        pixel_values, grid = out["pixel_values"].float(), out["image_grid_thw"].long()
+        if as_bytes:
+            out = self.image_processor(images=[img], do_rescale=False, do_normalize=False, return_tensors="pt")
+            pixel_values = out["pixel_values"].to(torch.uint8)  # resized 8-bit channels: whole numbers 0..255
+        else:
+            out = self.image_processor(images=[img], return_tensors="pt")
+            pixel_values = out["pixel_values"].float()
+        grid = out["image_grid_thw"].long()
         n_image_tokens = int(grid.prod()) // self.merge**2
         text = DEFAULT_PROMPT if prompt is None else prompt
         head = self.tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
         tail = self.tokenizer.encode(f"{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
         ids = head + [self.vision_start_id] + [self.image_token_id] * n_image_tokens + [self.vision_end_id] + tail
         return PreparedPrompt(torch.tensor(ids, dtype=torch.long), pixel_values, grid)
+
+
+    @cached_property
+    def byte_table(self) -> torch.Tensor:
+        """[channels, 256] float32: the pixel value ``prepare`` gives byte v of channel c. Read off the image
+        processor itself (rescale and normalize act per element and channel) on a ramp image holding every
+        byte in every channel, so it follows whatever arithmetic the processor does."""
+        side = self.image_processor.patch_size * self.merge
+        ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], side, 0).repeat(3, 2)  # [side, 256, 3]
+        img = Image.fromarray(ramp, "RGB")
+        kwargs = {"images": [img], "do_resize": False, "return_tensors": "pt"}
+        raw = self.image_processor(do_rescale=False, do_normalize=False, **kwargs)["pixel_values"].long()
+        norm = self.image_processor(**kwargs)["pixel_values"].float()
+        channels = raw.shape[1] // (self.image_processor.temporal_patch_size * self.image_processor.patch_size ** 2)
+        table = torch.full((channels, 256), float("nan"))
+        for c, (r, v) in enumerate(zip(raw.chunk(channels, 1), norm.chunk(channels, 1))):
+            table[c, r.flatten()] = v.flatten()
+        if table.isnan().any() or not torch.equal(pixels_from_bytes(raw.to(torch.uint8), table), norm):
+            raise RuntimeError("image processor is not a per-channel map of the bytes: byte_table cannot stand in")
+        return table
+
+
+def pixels_from_bytes(patch_bytes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """uint8 patches [P, C*Tp*p*p] (channel-major rows, as the processor lays them out) -> their float32
+    pixel values via ``Processor.byte_table`` [C, 256], on the patches' device."""
+    table = table.to(patch_bytes.device)
+    return torch.cat([t[b.int()] for t, b in zip(table, patch_bytes.chunk(table.shape[0], 1))], 1)
 
 
 def _decode(image: bytes | str | Path) -> tuple[Image.Image, str]:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from ocria.data import Document, SynthConfig, generate, split_seeds
 from ocria.data.synth import DEFAULT_CONFIG
 from ocria.models import mrope_positions
-from ocria.runtime.processor import Processor
+from ocria.runtime.processor import Processor, pixels_from_bytes
 
 IGNORE = -100
 
@@ -28,7 +28,8 @@ class Sample:
 
     input_ids: Tensor  # [N] prompt ids followed by the answer (Markdown ids + eos)
     positions: Tensor  # [3, N]
-    pixel_values: Tensor  # [P, C*Tp*p*p]
+    pixel_bytes: Tensor  # [P, C*Tp*p*p] uint8 (``Processor.prepare(as_bytes=True)``)
+    pixel_table: Tensor  # [C, 256] float32: ``Processor.byte_table``
     image_grid_thw: Tensor  # [1, 3]
     prompt_len: int
 
@@ -38,23 +39,38 @@ class Batch:
     input_ids: Tensor  # [B, N] right-padded with the pad id
     positions: Tensor  # [3, B, N]
     labels: Tensor  # [B, N]: next token at answer positions, IGNORE elsewhere
-    pixel_values: Tensor  # [sum P, C*Tp*p*p] in batch order
+    pixel_bytes: Tensor  # [sum P, C*Tp*p*p] uint8 in batch order: a quarter of the float32 bytes to move
+    pixel_table: Tensor  # [C, 256] float32
     image_grid_thw: Tensor  # [B, 3]
     prompt_len: Tensor  # [B]
     seq_len: Tensor  # [B] unpadded lengths
 
+    @property
+    def pixel_values(self) -> Tensor:
+        """[sum P, C*Tp*p*p] float32, exactly the processor's pixel values, computed where the bytes are."""
+        return pixels_from_bytes(self.pixel_bytes, self.pixel_table)
+
     def to(self, device: torch.device | str) -> "Batch":
-        return Batch(**{f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)})
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> "Batch":
+        """Called by the DataLoader's pin-memory thread, which leaves objects without this method in pageable
+        memory (and their copy to the GPU synchronous)."""
+        return self._map(Tensor.pin_memory)
+
+    def _map(self, fn) -> "Batch":
+        return Batch(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
 
 
 def encode(processor: Processor, doc: Document) -> Sample:
     """The exact inference prompt (``Processor.prepare`` on the rendered page, the pixels its lossless PNG
-    would decode to) plus the answer."""
-    prompt = processor.prepare(doc.image)
+    would decode to, kept as bytes) plus the answer."""
+    prompt = processor.prepare(doc.image, as_bytes=True)
     answer = processor.tokenizer.encode(doc.markdown, add_special_tokens=False) + [processor.eos_token_id]
     ids = torch.cat([prompt.input_ids, torch.tensor(answer, dtype=torch.long)])
     positions, _ = mrope_positions(ids, prompt.image_grid_thw, processor.image_token_id, processor.merge)
-    return Sample(ids, positions, prompt.pixel_values, prompt.image_grid_thw, prompt.input_ids.numel())
+    return Sample(ids, positions, prompt.pixel_values, processor.byte_table, prompt.image_grid_thw,
+                  prompt.input_ids.numel())
 
 
 def collate(samples: list[Sample], pad_id: int) -> Batch:
@@ -70,7 +86,7 @@ def collate(samples: list[Sample], pad_id: int) -> Batch:
         positions[:, b, n:] = s.positions[:, -1:] + torch.arange(1, N - n + 1)  # pads continue the sequence
     return Batch(
         input_ids=ids, positions=positions, labels=labels,
-        pixel_values=torch.cat([s.pixel_values for s in samples]),
+        pixel_bytes=torch.cat([s.pixel_bytes for s in samples]), pixel_table=samples[0].pixel_table,
         image_grid_thw=torch.cat([s.image_grid_thw for s in samples]),
         prompt_len=torch.tensor([s.prompt_len for s in samples]),
         seq_len=torch.tensor([s.input_ids.numel() for s in samples]),
@@ -131,8 +147,8 @@ class _Batches:
 def loader(assets: Path, batch_size: int, start_batch: int, workers: int, split: str = "train",
            pad_id: int = 0, kind: str | None = None) -> DataLoader:
     """Batches ``start_batch, start_batch + 1, ...`` of ``split``, in order, without end. Each worker keeps
-    up to 4 batches ready, fewer for big batches (fp32 patches are a few MB per page: at batch 256, 12
-    workers x 4 batches would hold tens of GB of host memory)."""
+    up to 4 batches ready, fewer for big batches (the patch bytes are about half a MB per page: at batch 256,
+    12 workers x 4 batches would hold GBs of host memory)."""
     return DataLoader(SplitDocuments(assets, split, kind=kind), batch_sampler=_Batches(start_batch, batch_size),
                       collate_fn=_Collate(pad_id),
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
