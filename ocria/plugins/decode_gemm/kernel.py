@@ -213,13 +213,17 @@ def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Ten
         raise OcriaError(f"decode_gemm_norm kernel: residual {None if residual is None else tuple(residual.shape)} "
                          f"must match x {tuple(x.shape)} {x.dtype}, norm weight {tuple(norm_weight.shape)} "
                          f"{norm_weight.dtype} must be bf16 [{K}]")
-    if config is None:  # rstd needs each program's whole row: no split-K. The prologue's x, s and u tiles cost
-        # registers: compiled for sm_90a (bench/ptxas.py, Triton 3.6, the H200 machine's), the column form
-        # spills with K tiles of 256 and the swap-AB form at 4 warps; K tiles of 128, 8 warps for swap-AB, do not.
-        config = default_config(*weight.shape)
-        config = dict(config, split_k=1, block_k=min(config["block_k"], 128),
-                      num_warps=8 if config["swap"] else config["num_warps"])
-    return _launch(x, weight, bias, config, residual, norm_weight, eps)
+    return _launch(x, weight, bias, config or norm_config(*weight.shape), residual, norm_weight, eps)
+
+
+def norm_config(N: int, K: int) -> dict:
+    """``default_config`` adapted to the norm prologue. rstd needs each program's whole row: no split-K.
+    The prologue's x, s and u tiles cost registers: compiled for sm_90a with Triton 3.6, the H200 machine's
+    (bench/decode_gemm_sass.py), the column form spills with K tiles of 256 and the swap-AB form at 4 warps;
+    K tiles of 128, 8 warps for swap-AB, do not."""
+    config = default_config(N, K)
+    return dict(config, split_k=1, block_k=min(config["block_k"], 128),
+                num_warps=8 if config["swap"] else config["num_warps"])
 
 
 def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None, residual: Tensor | None = None,

@@ -1,0 +1,72 @@
+"""Registers, spills and the K loop's instructions of the decode GEMM for sm_90a, without a GPU.
+
+For each ocria-1-sim weight shape class: the plain kernel with its default configuration and, for the
+input projections, the norm-prologue kernel (``ocria::decode_gemm_norm``) with ``norm_config``. The K loop
+is the PTX basic block that holds the MMAs; its global loads, shared-memory stores, barriers and shuffles
+are what each K tile costs beside the weight stream (counts are static, per thread, per iteration).
+
+    python bench/decode_gemm_sass.py --out bench/results/decode_gemm_sass.json
+"""
+
+import argparse
+import datetime
+import re
+import shlex
+import subprocess
+import sys
+
+import triton
+from ptxas import compile_sm90
+from timing import save_json
+
+from ocria.plugins.decode_gemm.kernel import BLOCK_M, _decode_gemm_kernel, default_config, norm_config
+
+TYPES = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", o_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32",
+             r_ptr="*bf16", nw_ptr="*bf16", s_ptr="*bf16", eps="fp32", M="i32", N="i32", K="i32", K_SPLIT="i32",
+             stride_xm="i32", stride_wn="i32", stride_om="i32", stride_rm="i32")
+SHAPES = {"gdn_in_proj": (12352, 2048), "gdn_out_proj": (2048, 4096), "attn_o_proj": (2048, 2048)}
+NORMED = ("gdn_in_proj",)  # the input projections (attention qkv and MLP gate_up share its configuration)
+COUNTED = {"ld.global": r"ld\.global", "st.global": r"st\.global", "st.shared": r"st\.shared",
+           "ld.shared": r"ld\.shared", "barriers": r"bar\.sync|barrier\.sync", "shuffles": r"shfl\.sync",
+           "mma": r"wgmma\.mma_async|mma\.sync"}
+
+
+def k_loop(ptx: str) -> dict:
+    """Instruction counts of the basic block that holds the MMAs (the K loop's body)."""
+    blocks = re.split(r"\n\$L__BB\d+_\d+:", ptx)
+    body = max(blocks, key=lambda b: len(re.findall(COUNTED["mma"], b)))
+    return {name: len(re.findall(pattern, body)) for name, pattern in COUNTED.items()}
+
+
+def stats(name: str, N: int, K: int, norm: bool) -> dict:
+    cfg = norm_config(N, K) if norm else default_config(N, K)
+    consts = dict(HAS_BIAS=False, SWAP=cfg["swap"], AS_BITS=False, SPLIT_K=cfg["split_k"], NORM=norm,
+                  RESIDUAL=norm, OUT_F32=False, BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"])
+    out = compile_sm90(_decode_gemm_kernel, TYPES, consts, cfg["num_warps"], cfg["num_stages"])
+    return dict(shape=name, N=N, K=K, kernel="decode_gemm_norm" if norm else "decode_gemm", config=cfg,
+                registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],
+                instructions=out["instructions"], k_loop=k_loop(out["ptx"]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="bench/results/decode_gemm_sass.json")
+    args = ap.parse_args()
+    rows = [stats(name, N, K, norm) for name, (N, K) in SHAPES.items() for norm in (False, True)
+            if not norm or name in NORMED]
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
+                  command="python " + shlex.join(sys.argv), git=git, rows=rows)
+    save_json(result, args.out)
+    print(f"{'shape':14} {'kernel':17} {'config':>24} {'regs':>4} {'spill':>5} | K loop: "
+          + " ".join(f"{c:>9}" for c in COUNTED))
+    for r in rows:
+        c = r["config"]
+        desc = f"n{c['block_n']}k{c['block_k']}w{c['num_warps']}{'swap' if c['swap'] else ''}s{c['split_k']}"
+        print(f"{r['shape']:14} {r['kernel']:17} {desc:>24} {r['registers']:>4} {r['spill_store_bytes']:>5} | "
+              + " ".join(f"{r['k_loop'][c]:>9}" for c in COUNTED))
+
+
+if __name__ == "__main__":
+    main()
