@@ -18,8 +18,9 @@ The workspace and counters are one per device, so calls must not overlap in time
 
 Norm prologue (``decode_gemm_norm_triton``): the decoder's ``s = x + residual; norm(s) @ W.T`` in the same
 launch, which saves the RMSNorm kernel before every input projection. ``norm(s) = s * rstd * (1 + w)``
-with rstd a per-row scalar, so the K loop feeds ``bf16(s * (1 + w))`` to the MMA, accumulates sum(s^2)
-from the same tiles, and scales the accumulator by rstd at the end. The product differs from the
+with rstd a per-row scalar, so the K loop feeds ``bf16(s * (1 + w))`` to the MMA, accumulates s^2 lane by
+lane from the same tiles (summed across lanes once, after the loop: a row sum per K tile put barriers and
+shuffles into every iteration), and scales the accumulator by rstd at the end. The product differs from the
 separate norm's (which rounds ``s * rstd * (1 + w)`` to bf16) by the placement of one rounding. Program 0
 also writes s, the residual stream. No split-K here: each program needs the whole row for rstd.
 
@@ -83,7 +84,7 @@ def _decode_gemm_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    sumsq = tl.zeros([BLOCK_M], dtype=tl.float32)
+    sumsq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # NORM: lane sums, reduced once after the loop
     k_end = tl.minimum(K, (split + 1) * K_SPLIT)
     for k0 in range(split * K_SPLIT, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -99,7 +100,7 @@ def _decode_gemm_kernel(
             s_ptrs = s_ptr + rows.to(tl.int64)[:, None] * K + k[None, :]
             first = (tl.zeros([BLOCK_M], dtype=tl.int32) + pid) == 0  # program 0 writes s
             tl.store(s_ptrs, bf16_bits(s) if AS_BITS else s.to(tl.bfloat16), mask=mx & first[:, None])
-            sumsq += tl.sum(s * s, 1)
+            sumsq += s * s
             nw = tl.load(nw_ptr + k, mask=mk, other=0)
             x = round_to_dtype(s * (1.0 + (widen(nw, True) if AS_BITS else nw.to(tl.float32)))[None, :], True,
                                ON_GPU, tl.bfloat16)
@@ -121,7 +122,7 @@ def _decode_gemm_kernel(
     if SWAP:
         acc = tl.trans(acc)
     if NORM:
-        acc = acc * (1.0 / tl.sqrt_rn(sumsq / K + eps))[:, None]
+        acc = acc * (1.0 / tl.sqrt_rn(tl.sum(sumsq, 1) / K + eps))[:, None]
     if SPLIT_K == 1:
         _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32)
     else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
