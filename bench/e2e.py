@@ -59,7 +59,7 @@ from ocria.runtime.graphs import GraphDecoder
 from ocria.runtime.processor import Processor
 
 sys.path.insert(0, str(Path(__file__).parent))  # bench/timing.py, also when loaded by path (tests)
-from timing import copy_bandwidth  # noqa: E402
+from timing import copy_bandwidth, kernel_table  # noqa: E402
 
 
 class ForcedDrafter:
@@ -412,38 +412,6 @@ class DrafterRanges:
                 return attr(*a, **kw)
 
         return ranged
-
-
-def _kernels_under(event, skip: tuple[str, ...]) -> tuple[int, float]:
-    """(count, us) of the device kernels launched inside a CPU event and its children, without the GPU
-    mirrors of profiler ranges (named like the ranges)."""
-    own = [k for k in event.kernels if k.name not in skip]
-    n, us = len(own), sum(k.duration for k in own)
-    for child in event.cpu_children:
-        cn, cus = _kernels_under(child, skip)
-        n, us = n + cn, us + cus
-    return n, us
-
-
-def kernel_table(prof, ranges: tuple[str, ...] = ()) -> dict:
-    """Every device kernel (and memcpy/memset) of a profile by name, plus the kernels launched inside
-    each CPU range named in ``ranges``."""
-    from torch.autograd import DeviceType
-
-    per_name: dict[str, list] = {}
-    for e in prof.events():
-        if e.device_type != DeviceType.CPU and not e.is_user_annotation and e.name not in ranges:
-            entry = per_name.setdefault(e.name, [0, 0.0])
-            entry[0] += 1
-            entry[1] += e.device_time_total
-    kernels = sorted(({"kernel": k, "calls": c, "total_us": t} for k, (c, t) in per_name.items()),
-                     key=lambda r: -r["total_us"])
-    split = {}
-    for name in ranges:
-        hits = [_kernels_under(e, ranges) for e in prof.events() if e.name == name and e.device_type == DeviceType.CPU]
-        split[name] = {"kernels": sum(h[0] for h in hits), "total_us": sum(h[1] for h in hits)}
-    return {"total_kernel_us": sum(r["total_us"] for r in kernels), "kernels": sum(r["calls"] for r in kernels),
-            "ranges": split, "all_kernels": kernels}
 
 
 @torch.no_grad()
