@@ -51,6 +51,7 @@ from ocria.errors import ConfigError
 from ocria.models import DrafterCache, TargetCache
 from ocria.models.cache import cache_tensors
 from ocria.models.config import LINEAR
+from ocria.plugins.launch import pdl_launch
 from ocria.plugins.switch import disabled_kernels, enabled_kernels
 from ocria.quant.direct import quantize_in_place
 from ocria.quant.recipe import load_recipe
@@ -519,7 +520,8 @@ def main() -> int:
                "gpu": torch.cuda.get_device_name(), "command": " ".join(["python", *sys.argv]),
                "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
                "disabled_kernels": sorted(disabled_kernels()),
-               "enabled_kernels": sorted(enabled_kernels()), "recipe": args.recipe,
+               "enabled_kernels": sorted(enabled_kernels()), "pdl": pdl_launch(torch.device("cuda")),
+               "recipe": args.recipe,
                "quantized_layers": {f: list(formats.values()).count(f) for f in set(formats.values())},
                "fused_projections": not args.no_fuse, "draft_vocab_size": drafter.config.draft_vocab_size,
                "prompt_tokens": prompt.input_ids.numel(),

@@ -6,7 +6,8 @@ and must equal the reference within float tolerance, buffers included; the fused
 bf16 ulps their rounding chains allow (1 for rms_norm, 4 for gated_rms_norm: see NORM_ULPS_BF16);
 decode attention within float tolerance; SiLU-quant byte for byte in every mode; the decode GEMM (and
 its add + RMSNorm prologue, against its fp32 math) within one bf16 rounding, each row bit-identical alone
-and in a 16-row block. Exit code 1 and a table if anything is off.
+and in a 16-row block; a chain of kernels launched with PDL, in a CUDA graph, bit for bit the chain
+without it. Exit code 1 and a table if anything is off.
 
     python bench/plugins_check.py --out bench/results/plugins_check_h200.json
 """
@@ -14,6 +15,7 @@ and in a 16-row block. Exit code 1 and a table if anything is off.
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import torch
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
 from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp32, decode_gemm_norm, decode_gemm_norm_fp32
+from ocria.plugins.launch import PDL_ENV, pdl_launch
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
@@ -173,6 +176,52 @@ def check_silu_quant(dev: str) -> list[dict]:
     return rows
 
 
+def check_pdl_chain(dev: str) -> list[dict]:
+    """Programmatic dependent launch (``OCRIA_PDL=1``): 24 rounds of norm -> GEMM -> SiLU -> split-K GEMM ->
+    PyTorch add, each kernel reading the one before, captured in a CUDA graph with PDL and replayed three
+    times, must equal the chain run eagerly without PDL bit for bit (PDL changes when kernels start, not
+    what they compute). Nothing to check where PDL does not run (CPU, GPUs before Hopper)."""
+    if dev != "cuda":
+        return []
+    g = torch.Generator(dev).manual_seed(5)
+    H, F = 2048, 6144
+    nw = (torch.randn(H, generator=g, device=dev) * 0.3).to(torch.bfloat16)
+    w_up = (torch.randn(2 * F, H, generator=g, device=dev) * H**-0.5).to(torch.bfloat16)
+    w_down = (torch.randn(H, F, generator=g, device=dev) * F**-0.5).to(torch.bfloat16)
+    x0 = torch.randn(1, H, generator=g, device=dev).to(torch.bfloat16)
+
+    def chain(x: torch.Tensor) -> torch.Tensor:
+        for _ in range(24):
+            h = rms_norm(x, nw, 1e-6, use_kernel=True)
+            a = silu_mul_quant(decode_gemm(h, w_up, use_kernel=True), "bf16", use_kernel=True)[0]
+            x = x + decode_gemm(a, w_down, use_kernel=True)
+        return x
+
+    saved = os.environ.pop(PDL_ENV, None)
+    try:
+        want = chain(x0)
+        os.environ[PDL_ENV] = "1"
+        active = pdl_launch(torch.device(dev))
+        eager = chain(x0)
+        x_in = x0.clone()
+        chain(x_in)  # compile and allocate before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = chain(x_in)
+        replays = []
+        for _ in range(3):
+            graph.replay()
+            torch.cuda.synchronize()
+            replays.append(torch.equal(out, want))
+    finally:
+        os.environ.pop(PDL_ENV, None)
+        if saved is not None:
+            os.environ[PDL_ENV] = saved
+    ok = torch.equal(eager, want) and all(replays)
+    return [{"kernel": "PDL chain (eager, CUDA graph x3)", "dtype": "torch.bfloat16", "pdl_active": active,
+             "eager_equal": torch.equal(eager, want), "graph_replays_equal": replays, "ok": ok}]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="bench/results/plugins_check_h200.json")
@@ -182,12 +231,13 @@ def main() -> int:
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
-            check_decode_gemm(dev, True)]
+            check_decode_gemm(dev, True), *check_pdl_chain(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}
     for r in rows:
-        measure = {k: v for k, v in r.items() if k in ("max_rel_err", "max_ulps", "mismatched_bytes")}
+        measure = {k: v for k, v in r.items() if k in ("max_rel_err", "max_ulps", "mismatched_bytes", "pdl_active",
+                                                        "graph_replays_equal")}
         print(f"{'ok  ' if r['ok'] else 'FAIL'} {r['kernel']:48s} {r['dtype']:15s} {measure}", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -29,7 +29,7 @@ _TYPES = dict(
 def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
     Hk, Hv, D = heads
     consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, BKC=min(KEY_CHUNK, D), TP=16, PREC=precision,
-                  ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V)
+                  ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V, PDL=False)
     out = compile_sm90(_replay_verify_kernel, _TYPES, consts, num_warps)
     ptx = out["ptx"]
     tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))

@@ -23,6 +23,7 @@ import triton.language as tl
 from torch import Tensor
 
 from ocria.errors import OcriaError
+from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
 
 MAX_T = 16  # decode and verify blocks; longer (prefill) chunks take the reference
@@ -40,8 +41,9 @@ def _decode_attention_kernel(
     sq_b, sq_h, sq_t, sk_s, sk_h, sk_l, sv_s, sv_h, sv_l,
     T, H, attn_len, scale, chunk, n_split,
     REP: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    CAUSAL: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, AS_BITS: tl.constexpr,
+    CAUSAL: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr, AS_BITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     b, hk, sp = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(slot_ptr + b).to(tl.int64)
     start = tl.load(start_ptr + b).to(tl.int32)
@@ -100,9 +102,10 @@ def _decode_attention_kernel(
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, H, attn_len, chunk, n_split,
-    D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr, AS_BITS: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr, AS_BITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """One program per (row, new token) x query head: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s."""
+    pdl_enter(PDL)
     bt, head = tl.program_id(0), tl.program_id(1)
     start = tl.load(start_ptr + bt // T).to(tl.int32)
     used = tl.cdiv(tl.minimum(attn_len, start + T), chunk)  # chunks phase one wrote for this row
@@ -195,12 +198,12 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
         T, H, attn_len, scale, chunk, n_split,
         REP=rep, D=D, BD=BD, BM=BM, BN=BN, CAUSAL=causal_block, SPLIT=n_split > 1,
         PREC="ieee" if q.dtype == torch.float32 or as_bits else "tf32", AS_BITS=as_bits,
-        num_warps=8 if BM * D >= 64 * 128 else 4,
+        num_warps=8 if BM * D >= 64 * 128 else 4, **pdl_args(q.device),
     )  # fmt: skip
     if n_split > 1:
         BS = max(2, triton.next_power_of_2(n_split))
         _combine_kernel[(B * T, H)](
             m, lsum, acc, start, out_, T, H, attn_len, chunk, n_split,
-            D=D, BD=BD, BS=BS, AS_BITS=as_bits, num_warps=8 if BS * BD >= 8192 else 4,
+            D=D, BD=BD, BS=BS, AS_BITS=as_bits, num_warps=8 if BS * BD >= 8192 else 4, **pdl_args(q.device),
         )  # fmt: skip
     return out.transpose(1, 2)

@@ -38,6 +38,7 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
+from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
 MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
@@ -69,8 +70,9 @@ def _decode_gemm_kernel(
     M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om, stride_rm,
     HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     ON_GPU: tl.constexpr = not AS_BITS
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -260,6 +262,6 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
         HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits, SPLIT_K=split_k,
         NORM=norm, RESIDUAL=r2 is not None, OUT_F32=out_fp32,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(x.device),
     )  # fmt: skip
     return out.reshape(*lead, N), s.reshape(*lead, K) if norm else None

@@ -15,16 +15,18 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
+from ocria.plugins.launch import pdl_args, pdl_enter
 
 
 @triton.jit
 def _nvfp4_gemm_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
     # x and y travel as int16 bits of bf16. DOT_F32 (the CPU interpreter, whose dot cannot take
     # bf16) multiplies the same exact values in fp32.
+    pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -106,6 +108,6 @@ def nvfp4_gemm_triton(
         _nvfp4_gemm_kernel[grid](
             x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16),
             M, N, K, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
-            DOT_F32=x.device.type != "cuda", **cfg,
+            DOT_F32=x.device.type != "cuda", **cfg, **pdl_args(x.device),
         )
     return y.reshape(*x.shape[:-1], N)

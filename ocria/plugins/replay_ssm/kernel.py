@@ -36,6 +36,7 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
+from ocria.plugins.launch import pdl_args, pdl_enter
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
 # products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (H200
@@ -140,8 +141,9 @@ def _replay_verify_kernel(
     o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
-    ONE_TOKEN: tl.constexpr, PREFETCH: tl.constexpr,
+    ONE_TOKEN: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = i_h // (HV // HK)
     rt = tl.arange(0, TP)
@@ -238,8 +240,9 @@ def _replay_verify_kernel(
 @triton.jit
 def _causal_conv_verify_kernel(
     x_ptr, w_ptr, buf_ptr, pending_ptr, slot_ptr, y_ptr, T, C, L, sx,
-    W: tl.constexpr, KW: tl.constexpr, BC: tl.constexpr, TP: tl.constexpr, WP: tl.constexpr,
+    W: tl.constexpr, KW: tl.constexpr, BC: tl.constexpr, TP: tl.constexpr, WP: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     i_c, i_b = tl.program_id(0), tl.program_id(1)
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
     start = tl.load(pending_ptr + slot)
@@ -364,7 +367,7 @@ def replay_verify_kernel(
         slot_ids, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
         PREC=precision or DOT_PRECISION[v.dtype], ONE_TOKEN=T == 1, PREFETCH=BV <= PREFETCH_MAX_BLOCK_V,
-        num_warps=num_warps,
+        num_warps=num_warps, **pdl_args(v.device),
     )  # fmt: skip
     return o
 
@@ -388,5 +391,6 @@ def causal_conv_verify_kernel(
     _causal_conv_verify_kernel[grid](
         x, weight, conv_buf, pending_len, slot_ids, y, T, C, L, sx,
         W=KW - 1, KW=KW, BC=BC, TP=triton.next_power_of_2(T), WP=max(1, triton.next_power_of_2(KW - 1)),
+        **pdl_args(x.device),
     )  # fmt: skip
     return y

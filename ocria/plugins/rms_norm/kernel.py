@@ -14,6 +14,7 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from ocria.errors import OcriaError
+from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
 MAX_WIDTH = 16384
@@ -36,8 +37,9 @@ def _rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, cos_ptr, sin_ptr, M, N, stride_x, stride_xh, stride_z, stride_r, eps,
     offset, HEADS, R, PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr,
     X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr, PROD_BF16: tl.constexpr,
-    ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr,
+    ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BN)
     mask = (rows < M)[:, None] & (cols < N)[None, :]
@@ -145,6 +147,6 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
         PLAIN=plain or z is not None, GATED=z is not None, RESIDUAL=residual is not None, ROPE=rope,
         X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
-        DT=tl.float32, ROWS=rows, BN=BN,
+        DT=tl.float32, ROWS=rows, BN=BN, **pdl_args(x.device),
     )  # fmt: skip
     return y

@@ -24,6 +24,7 @@ from triton.language.extra import libdevice
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
+from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.numerics import NVFP4_BLOCK
 from ocria.plugins.rounding import round_to_dtype, widen
 
@@ -136,11 +137,13 @@ def _silu_mul_quant_kernel(
     M, N, stride_xm, stride_om, stride_sm,
     MODE: tl.constexpr, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
     FAST_EXP: tl.constexpr, NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic, 3 nvfp4. IS_BF16: x (and the bf16 output) travel as
     # int16 bits, widened by a shift, exactly, also for subnormals where the interpreter's bf16 <-> fp32
     # conversions are wrong. MODE 2 with NPASS 2 walks its row twice (amax, then bytes); with NPASS 1 the whole
     # row is one tile (NUM_CHUNKS 1) and h is computed once.
+    pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -274,7 +277,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
             MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
             NPASS=passes,
-            BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"],
+            BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"], **pdl_args(dev),
         )
     if mode in ("fp8_static", "fp8_dynamic"):
         out = out.view(torch.float8_e4m3fn)
