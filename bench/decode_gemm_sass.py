@@ -41,7 +41,8 @@ def k_loop(ptx: str) -> dict:
 def stats(name: str, N: int, K: int, norm: bool) -> dict:
     cfg = norm_config(N, K) if norm else default_config(N, K)
     consts = dict(HAS_BIAS=False, SWAP=cfg["swap"], AS_BITS=False, SPLIT_K=cfg["split_k"], NORM=norm, RESIDUAL=norm,
-                  OUT_F32=False, BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PDL=False)
+                  OUT_F32=False, BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PDL=False,
+                  PF_LINES=8)
     out = compile_sm90(_decode_gemm_kernel, TYPES, consts, cfg["num_warps"], cfg["num_stages"])
     return dict(shape=name, N=N, K=K, kernel="decode_gemm_norm" if norm else "decode_gemm", config=cfg,
                 registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],

@@ -42,3 +42,11 @@ def pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """Start moving the 128-byte lines at ``ptrs`` into L2 (a hint: no registers held, nothing waits on it).
+    Before ``pdl_enter`` it overlaps reads of data no earlier kernel writes (weights) with that kernel's tail."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)

@@ -38,11 +38,12 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.launch import pdl_args, pdl_enter, prefetch_l2
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
 MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
 BLOCK_M = 16
+PREFETCH_LINES = 8  # with PDL: 128-byte lines per weight row (1 KiB of K) sent to L2 before the wait
 
 
 @triton.jit
@@ -70,14 +71,17 @@ def _decode_gemm_kernel(
     M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om, stride_rm,
     HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr,
 ):  # fmt: skip
-    pdl_enter(PDL)
     ON_GPU: tl.constexpr = not AS_BITS
     pid = tl.program_id(0)
     split = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if PDL:  # no kernel writes the weights: pull this program's first K lines toward L2 while the one before drains
+        pf_k = tl.minimum(split * K_SPLIT + tl.arange(0, PF_LINES) * 64, K - 1)  # one address per 128-byte line
+        prefetch_l2(w_ptr + tl.minimum(cols, N - 1).to(tl.int64)[:, None] * stride_wn + pf_k[None, :])
+    pdl_enter(PDL)
     mrow = rows < M
     mcol = cols < N
     x_base = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
@@ -263,5 +267,6 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
         NORM=norm, RESIDUAL=r2 is not None, OUT_F32=out_fp32,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(x.device),
+        PF_LINES=max(1, min(PREFETCH_LINES, triton.next_power_of_2(k_split // 64 + 1) // 2)),
     )  # fmt: skip
     return out.reshape(*lead, N), s.reshape(*lead, K) if norm else None
