@@ -24,9 +24,14 @@ from ocria.plugins.decode_gemm.kernel import BLOCK_M, _decode_gemm_kernel, defau
 TYPES = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", o_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32",
              r_ptr="*bf16", nw_ptr="*bf16", s_ptr="*bf16", eps="fp32", M="i32", N="i32", K="i32", K_SPLIT="i32",
              stride_xm="i32", stride_wn="i32", stride_om="i32", stride_rm="i32")
+# What a launch on these shapes specializes (pointers and ints divisible by 16): without it the loads compile
+# unvectorized, unlike the kernel that runs. M varies and is left unmarked.
+DIVISIBLE_BY_16 = ("x_ptr", "w_ptr", "b_ptr", "o_ptr", "ws_ptr", "count_ptr", "r_ptr", "nw_ptr", "s_ptr", "N", "K",
+                   "K_SPLIT", "stride_xm", "stride_wn", "stride_om", "stride_rm")
 SHAPES = {"gdn_in_proj": (12352, 2048), "gdn_out_proj": (2048, 4096), "attn_o_proj": (2048, 2048)}
 NORMED = ("gdn_in_proj",)  # the input projections (attention qkv and MLP gate_up share its configuration)
-COUNTED = {"ld.global": r"ld\.global", "st.global": r"st\.global", "st.shared": r"st\.shared",
+COUNTED = {"ld.global": r"ld\.global", "cp.async": r"cp\.async\.(?:ca|cg)", "tma": r"cp\.async\.bulk",
+           "st.global": r"st\.global", "st.shared": r"st\.shared",
            "ld.shared": r"ld\.shared", "barriers": r"bar\.sync|barrier\.sync", "shuffles": r"shfl\.sync",
            "mma": r"wgmma\.mma_async|mma\.sync"}
 
@@ -43,7 +48,10 @@ def stats(name: str, N: int, K: int, norm: bool) -> dict:
     consts = dict(HAS_BIAS=False, SWAP=cfg["swap"], AS_BITS=False, SPLIT_K=cfg["split_k"], NORM=norm, RESIDUAL=norm,
                   OUT_F32=False, BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"], PDL=False,
                   PF_LINES=8)
-    out = compile_sm90(_decode_gemm_kernel, TYPES, consts, cfg["num_warps"], cfg["num_stages"])
+    names = _decode_gemm_kernel.arg_names
+    consts = {k: v for k, v in consts.items() if k in names}  # also a kernel from before PDL (the "before" files)
+    out = compile_sm90(_decode_gemm_kernel, TYPES, consts, cfg["num_warps"], cfg["num_stages"],
+                       tuple(n for n in DIVISIBLE_BY_16 if n in names))
     return dict(shape=name, N=N, K=K, kernel="decode_gemm_norm" if norm else "decode_gemm", config=cfg,
                 registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],
                 instructions=out["instructions"], k_loop=k_loop(out["ptx"]))

@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 BIN_DIR = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
 
 
 def ptxas() -> str:
@@ -26,14 +26,20 @@ def ptxas() -> str:
     raise SystemExit(f"no ptxas under {BIN_DIR}")
 
 
-def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: int = 3) -> dict:
+def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: int = 3,
+                 divisible_by_16: tuple[str, ...] = ()) -> dict:
     """``kernel`` with runtime argument types ``types`` (e.g. ``"*bf16"``, ``"i32"``) and constexprs ``consts``:
-    its PTX, SASS, registers per thread, spill bytes and SASS opcode counts."""
+    its PTX, SASS, registers per thread, spill bytes, shared memory and SASS opcode counts. ``divisible_by_16``
+    names the arguments a real launch would specialize as multiples of 16 (aligned pointers, sizes, strides):
+    without that the loads compile unvectorized, unlike the kernel that runs."""
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types[n] for n in names}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
-                                                                                 num_stages=num_stages)).asm["ptx"]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+                    attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
+                                                                                      num_stages=num_stages))
+    ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx_path, "w") as f:
@@ -50,5 +56,5 @@ def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: 
         if m:
             opcodes[m.group(1)] = opcodes.get(m.group(1), 0) + 1
     return dict(ptx=ptx, sass=sass, registers=int(regs.group(1)), spill_store_bytes=int(spill.group(1)) if spill else 0,
-                spill_load_bytes=int(spill.group(2)) if spill else 0, instructions=sum(opcodes.values()),
-                opcodes=opcodes)
+                spill_load_bytes=int(spill.group(2)) if spill else 0, shared_bytes=compiled.metadata.shared,
+                instructions=sum(opcodes.values()), opcodes=opcodes)

@@ -18,6 +18,9 @@ from timing import save_json
 
 from ocria.plugins.silu_quant.kernel import MODE_IDS, _silu_mul_quant_kernel, default_config, tiling
 
+# What a launch specializes (aligned pointers, widths and row strides multiples of 16): without it the loads
+# compile unvectorized, unlike the kernel that runs.
+DIVISIBLE_BY_16 = ("x_ptr", "out_ptr", "scale_ptr", "out_scale_ptr", "N", "stride_xm", "stride_om")
 TYPES = dict(x_ptr="*i16", out_ptr="*u8", scale_ptr="*fp32", out_scale_ptr="*fp32", M="i32", N="i32",
              stride_xm="i32", stride_om="i32", stride_sm="i32")
 
@@ -29,7 +32,7 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
                   NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks, PDL=False)
     types = dict(TYPES, out_ptr="*i16" if mode == "bf16" else "*u8",
                  out_scale_ptr="*u8" if mode == "nvfp4" else "*fp32")
-    out = compile_sm90(_silu_mul_quant_kernel, types, consts, cfg["num_warps"])
+    out = compile_sm90(_silu_mul_quant_kernel, types, consts, cfg["num_warps"], divisible_by_16=DIVISIBLE_BY_16)
     # Each pass's chunk-loop body is in the code once and sees each of a thread's elements once per tile.
     per_thread = cfg["block_m"] * block_n / (32 * cfg["num_warps"])
     return dict(mode=mode, width=n, config=cfg, tile=[cfg["block_m"], block_n], passes=consts["NPASS"],

@@ -224,10 +224,10 @@ def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Ten
 
 
 def norm_config(N: int, K: int) -> dict:
-    """``default_config`` adapted to the norm prologue. rstd needs each program's whole row: no split-K.
-    The prologue's x, s and u tiles cost registers: compiled for sm_90a with Triton 3.6, the H200 machine's
-    (bench/decode_gemm_sass.py), the column form spills with K tiles of 256 and the swap-AB form at 4 warps;
-    K tiles of 128, 8 warps for swap-AB, do not."""
+    """``default_config`` adapted to the norm prologue. rstd needs each program's whole row: no split-K. The
+    prologue's x, s and u tiles cost registers and barriers: compiled for sm_90a as launched, with Triton 3.6 (the
+    H200 machine's), 512-wide K tiles spill in the column form, and the swap-AB form's K loop has 5 barriers at
+    4 warps but 3 at 8 (the plain kernel's has 2). So K tiles of at most 128, 8 warps for swap-AB."""
     config = default_config(N, K)
     return dict(config, split_k=1, block_k=min(config["block_k"], 128),
                 num_warps=8 if config["swap"] else config["num_warps"])
