@@ -6,8 +6,9 @@ and must equal the reference within float tolerance, buffers included; the fused
 bf16 ulps their rounding chains allow (1 for rms_norm, 4 for gated_rms_norm: see NORM_ULPS_BF16);
 decode attention within float tolerance; SiLU-quant byte for byte in every mode; the decode GEMM (and
 its add + RMSNorm prologue, against its fp32 math) within one bf16 rounding, each row bit-identical alone
-and in a 16-row block; a chain of kernels launched with PDL, in a CUDA graph, bit for bit the chain
-without it. Exit code 1 and a table if anything is off.
+and in a 16-row block; the NVFP4 GEMM within one bf16 rounding of dequantize + fp32 matmul; a chain of
+kernels launched with PDL, in a CUDA graph, bit for bit the chain without it. Exit code 1 and a table if
+anything is off.
 
     python bench/plugins_check.py --out bench/results/plugins_check_h200.json
 """
@@ -21,9 +22,11 @@ from pathlib import Path
 
 import torch
 
+from ocria.plugins import numerics as nx
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
 from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp32, decode_gemm_norm, decode_gemm_norm_fp32
+from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 from ocria.plugins.launch import PDL_ENV, pdl_launch
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
@@ -160,6 +163,32 @@ def check_decode_gemm(dev: str, norm: bool) -> dict:
             "residual_sum_exact": sums_exact, "ok": max(errs) <= tol and invariant and sums_exact}
 
 
+# (M, N, K): one per default tile configuration: 16-row tiles with K split over the warps (a K tail too), 64-row
+# and 128-row wgmma tiles, and M > 16 with 32/64-row M tiles.
+NVFP4_SHAPES = ((16, 2048, 6144), (5, 12288, 2048), (1, 65536, 256), (40, 2048, 1040), (24, 32768, 512))
+
+
+def check_nvfp4_gemm(dev: str, shapes: tuple = NVFP4_SHAPES) -> dict:
+    """The NVFP4 weight-only GEMM against dequantize + fp32 matmul, with a zero, subnormal, negative and NaN
+    E4M3 block scale in each weight: within one bf16 rounding, NaN in the same outputs."""
+    g = torch.Generator(dev).manual_seed(6)
+    errs, nan_same = [], True
+    for M, N, K in shapes:
+        w = torch.randn(N, K, generator=g, device=dev) * K**-0.5
+        gs = nx.nvfp4_global_scale(w.abs().amax())
+        packed, scales = nx.quantize_nvfp4(w, gs)
+        bits = scales.view(torch.uint8)
+        bits[0, 0], bits[1, 1], bits[2, 2], bits[3, 0], bits[N - 1, -1] = 0x00, 0x01, 0x05, 0xB8, 0x7F
+        x = torch.randn(M, K, generator=g, device=dev).to(torch.bfloat16)
+        got = nvfp4_gemm(x, packed, scales, gs, use_kernel=True)
+        want = nvfp4_gemm_reference(x, packed, scales, gs)
+        nan_same &= torch.equal(got.isnan(), want.isnan())
+        errs.append(_rel(got[~want.isnan()], want[~want.isnan()]))
+    tol = 1e-2  # one bf16 rounding of the output (the sum order differs from the reference's)
+    return {"kernel": "nvfp4_gemm", "dtype": "torch.bfloat16", "max_rel_err": max(errs), "tolerance": tol,
+            "nan_same": nan_same, "ok": max(errs) <= tol and nan_same}
+
+
 def check_silu_quant(dev: str) -> list[dict]:
     g = torch.Generator(dev).manual_seed(2)
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
@@ -231,7 +260,7 @@ def main() -> int:
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
-            check_decode_gemm(dev, True), *check_pdl_chain(dev)]
+            check_decode_gemm(dev, True), check_nvfp4_gemm(dev), *check_pdl_chain(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}

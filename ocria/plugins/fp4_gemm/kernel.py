@@ -1,12 +1,24 @@
 """Triton NVFP4 weight-only GEMM for decode-sized M: bf16 activations x packed E2M1 weights.
 
-Per K tile, the packed bytes and E4M3 block scales are unpacked in registers: an E2M1 code placed
-in the top bits of an fp32 (``mag << 22``) is exactly ``e2m1 * 2^-126`` (the zero-exponent codes
-land on fp32 subnormals with the right value), so one multiply by ``block_scale * 2^100`` gives
-``e2m1 * block_scale * 2^-26``, which bf16 holds exactly (at most 6 significant bits). The tensor
-cores accumulate in fp32 and the epilogue multiplies by ``weight_scale_2 * 2^26`` and rounds to
-bf16 (round-to-nearest-even on the bits, so the CPU interpreter rounds like the GPU).
+Exactness: an E2M1 value has at most 2 significant bits and an E4M3 block scale at most 4, so
+``e2m1 * block_scale * 2^-26`` is exact in bf16 (normal range: 2^-36 .. 2^12). Each K tile is
+dequantized to that value, the tensor cores accumulate ``W x^T`` in fp32 and the epilogue multiplies
+by ``weight_scale_2 * 2^26`` and rounds to bf16 (round-to-nearest-even on the bits, so the CPU
+interpreter rounds like the GPU). E2M1 code bits placed at the bottom of a float's exponent field read
+as ``e2m1 * 2^-126`` (the zero-exponent codes 0 and 0.5 land on subnormals with the right value);
+times ``block_scale * 2^100`` (a normal number, exact in fp32 and bf16; the NaN codes 0x7F/0xFF give
+NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that is the value above.
+
+- ``PTX_DEQUANT`` (CUDA, sm_89+; the H200): ``_DEQUANT_ASM`` builds the bf16 bit patterns of two codes
+  per 32-bit register and applies the scale with one ``fma.rn.bf16x2`` (``v * s + -0``: the product,
+  rounded once, so exact; bf16 arithmetic keeps subnormal inputs) per two weights. The scale is
+  Triton's E4M3 -> fp32 conversion (the hardware's, exact) times 2^100, rounded to bf16 (exact).
+- Otherwise, as before this path existed: the same values in fp32 from integer unpacking, cast to
+  bf16 for the tensor cores, or kept in fp32 for a fp32 dot in the CPU interpreter (``DOT_F32``: it
+  runs no inline PTX and its dot cannot take bf16).
 """
+
+from functools import cache
 
 import torch
 import triton
@@ -17,15 +29,51 @@ from triton.runtime.interpreter import InterpretedFunction
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
 
+# $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
+# each with the sign in bit 3; $5 the bf16 scale of each word. Output $j is the bf16x2 pair
+# (c_j, c_j+4) times the scales: the three magnitude bits of a code go to bf16 bits 8..6 (exponent
+# bits 1..0 and the top mantissa bit: e2m1 * 2^-126), its sign to bit 15. Per output one lop3
+# (LUT 0xE4: mask ? a : b) takes the sign bits from a shifted copy of the masked signs and the
+# magnitude bits from a shifted copy of the masked magnitudes; each mask selects a only where b can
+# be nonzero outside its target bits and a cannot. 14 integer ops and 4 multiplies (ptxas: HMUL2)
+# per 8 weights. Pairing c_j with c_j+4 keeps both codes at the same place in their half; the
+# kernel orders K to match (see _nvfp4_gemm_kernel).
+_DEQUANT_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 sg, ma, mb, a, b, v, z;
+mov.b32 z, 0x80008000;
+and.b32 sg, $4, 0x88888888;
+and.b32 ma, $4, 0x07070707;
+and.b32 mb, $4, 0x70707070;
+shl.b32 a, sg, 12;
+shl.b32 b, ma, 6;
+lop3.b32 v, a, b, 0xC001C000, 0xE4;
+fma.rn.bf16x2 $0, v, $5, z;
+shl.b32 a, sg, 8;
+shl.b32 b, mb, 2;
+lop3.b32 v, a, b, 0xC001C000, 0xE4;
+fma.rn.bf16x2 $1, v, $5, z;
+shl.b32 a, sg, 4;
+shr.b32 b, ma, 2;
+lop3.b32 v, a, b, 0x8001C001, 0xE4;
+fma.rn.bf16x2 $2, v, $5, z;
+shr.b32 b, mb, 6;
+lop3.b32 v, sg, b, 0x8001C001, 0xE4;
+fma.rn.bf16x2 $3, v, $5, z;
+}
+""")
+
 
 @triton.jit
 def _nvfp4_gemm_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
+    PTX_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
-    # x and y travel as int16 bits of bf16. DOT_F32 (the CPU interpreter, whose dot cannot take
-    # bf16) multiplies the same exact values in fp32.
+    # x and y travel as int16 bits of bf16. PTX_DEQUANT (CUDA, sm_89+: Triton's E4M3 type): _DEQUANT_ASM; SPLIT_K
+    # and EVEN_K (K is a multiple of BLOCK_K: no K masks) apply to it. Otherwise integer unpacking in fp32, then
+    # the tensor cores in bf16 or, DOT_F32 (the CPU interpreter, whose dot cannot take bf16), a dot in fp32.
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -33,33 +81,76 @@ def _nvfp4_gemm_kernel(
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
     nmask = rn < N
-    rn64 = rn.to(tl.int64)
     # Swapped operands: acc[n, m] = W x^T, so the dequantized weight tile (computed in registers) is
-    # the A operand, which the tensor cores take from registers, and the small x tile is B.
+    # the A operand, which mma.sync takes from registers (wgmma: Triton stages it in shared memory), and
+    # the small x tile is B.
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        xb = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :], other=0)
-        rk2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        wp = tl.load(w_ptr + rn64[:, None] * stride_wn + rk2[None, :],
-                     mask=nmask[:, None] & (rk2 < K // 2)[None, :], other=0).to(tl.int32)
-        codes = tl.reshape(tl.join(wp & 0xF, wp >> 4), [BLOCK_N, BLOCK_K])
-        v = (((codes & 7) << 22) | ((codes & 8) << 28)).to(tl.float32, bitcast=True)  # e2m1 * 2^-126
-        rks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        sb = tl.load(s_ptr + rn64[:, None] * stride_sn + rks[None, :],
-                     mask=nmask[:, None] & (rks < K // 16)[None, :], other=0).to(tl.int32)
-        e = (sb >> 3) & 15
-        m = sb & 7
-        # E4M3 block scale * 2^100: normal ones by exponent rebias, subnormal ones m * 2^-9 * 2^100.
-        s = tl.where(e > 0, (((e + 220) << 23) | (m << 20)).to(tl.float32, bitcast=True),
-                     m.to(tl.float32) * 2.4758800785707605e27)
-        s = tl.where((sb & 0x7F) == 0x7F, float("nan"), s)
-        s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
-        if DOT_F32:
-            x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-            acc = tl.dot(v * s, tl.trans(x), acc, input_precision="ieee")
-        else:
-            acc = tl.dot((v * s).to(tl.bfloat16), tl.trans(xb.to(tl.bfloat16, bitcast=True)), acc)
+    if not PTX_DEQUANT:
+        rn64 = rn.to(tl.int64)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            xb = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :],
+                         other=0)
+            rk2 = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            wp = tl.load(w_ptr + rn64[:, None] * stride_wn + rk2[None, :],
+                         mask=nmask[:, None] & (rk2 < K // 2)[None, :], other=0).to(tl.int32)
+            codes = tl.reshape(tl.join(wp & 0xF, wp >> 4), [BLOCK_N, BLOCK_K])
+            v = (((codes & 7) << 22) | ((codes & 8) << 28)).to(tl.float32, bitcast=True)  # e2m1 * 2^-126
+            rks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+            sb = tl.load(s_ptr + rn64[:, None] * stride_sn + rks[None, :],
+                         mask=nmask[:, None] & (rks < K // 16)[None, :], other=0).to(tl.int32)
+            e = (sb >> 3) & 15
+            m = sb & 7
+            # E4M3 block scale * 2^100: normal ones by exponent rebias, subnormal ones m * 2^-9 * 2^100; bit 7: sign.
+            s = tl.where(e > 0, (((e + 220) << 23) | (m << 20)).to(tl.float32, bitcast=True),
+                         m.to(tl.float32) * 2.4758800785707605e27)
+            s = tl.where((sb & 0x7F) == 0x7F, float("nan"), tl.where(sb >= 128, -s, s))
+            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
+            if DOT_F32:
+                x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+                acc = tl.dot(v * s, tl.trans(x), acc, input_precision="ieee")
+            else:
+                acc = tl.dot((v * s).to(tl.bfloat16), tl.trans(xb.to(tl.bfloat16, bitcast=True)), acc)
+    else:
+        # Rows past M or N read the last row instead of being masked (their outputs are not stored).
+        rmc = tl.minimum(rm, M - 1)
+        rnc = tl.minimum(rn, N - 1).to(tl.int64)
+        rk = tl.arange(0, BLOCK_K)
+        rk4 = tl.arange(0, BLOCK_K // 4)
+        rks = tl.arange(0, BLOCK_K // 16)
+        xs = x_ptr.to(tl.pointer_type(tl.bfloat16)) + rmc[:, None] * stride_xm + rk[None, :]
+        ws = w_ptr.to(tl.pointer_type(tl.int16)) + rnc[:, None] * (stride_wn // 2) + rk4[None, :]
+        ss = s_ptr.to(tl.pointer_type(tl.float8e4nv)) + rnc[:, None] * stride_sn + rks[None, :]
+        # SPLIT_K > 1: the tile's K is cut into SPLIT_K slices, a batched dot gives each warp its own slice (a
+        # warp needs 16 rows of its own; without this a 16-row tile has all warps dequantize the same rows).
+        acc3 = tl.zeros([SPLIT_K, BLOCK_N, BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                xb = tl.load(xs + k0)
+                wh = tl.load(ws + k0 // 4)
+                sb = tl.load(ss + k0 // 16)
+            else:
+                xb = tl.load(xs + k0, mask=(k0 + rk < K)[None, :], other=0.0)
+                wh = tl.load(ws + k0 // 4, mask=(k0 // 4 + rk4 < K // 4)[None, :], other=0)
+                sb = tl.load(ss + k0 // 16, mask=(k0 // 16 + rks < K // 16)[None, :], other=0.0)
+            sc = (sb.to(tl.float32) * 1.2676506002282294e30).to(tl.bfloat16)  # block scale * 2^100
+            sc4 = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_K // 16, 4]), [BLOCK_N, BLOCK_K // 4])
+            c0, c1, c2, c3 = tl.inline_asm_elementwise(_DEQUANT_ASM, "=r,=r,=r,=r,r,r", [wh, sc4],
+                                                       dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
+            # K order within each 8-weight word g: position 8g + 2j + h holds code 4h + j (c_j of half h), so a
+            # thread's bf16x2 registers are the asm's outputs as they are; x is permuted the same way.
+            c01 = tl.join(tl.reshape(c0, [BLOCK_N, BLOCK_K // 8, 2]), tl.reshape(c1, [BLOCK_N, BLOCK_K // 8, 2]))
+            c23 = tl.join(tl.reshape(c2, [BLOCK_N, BLOCK_K // 8, 2]), tl.reshape(c3, [BLOCK_N, BLOCK_K // 8, 2]))
+            w = tl.reshape(tl.permute(tl.join(c01, c23), (0, 1, 4, 3, 2)), [BLOCK_N, BLOCK_K])
+            xp = tl.reshape(tl.permute(tl.reshape(xb, [BLOCK_M, BLOCK_K // 8, 2, 4]), (0, 1, 3, 2)), [BLOCK_M, BLOCK_K])
+            if SPLIT_K == 1:
+                acc = tl.dot(w, tl.trans(xp), acc)
+            else:
+                w3 = tl.permute(tl.reshape(w, [BLOCK_N, SPLIT_K, BLOCK_K // SPLIT_K]), (1, 0, 2))
+                x3 = tl.permute(tl.reshape(xp, [BLOCK_M, SPLIT_K, BLOCK_K // SPLIT_K]), (1, 2, 0))
+                acc3 = tl.dot(w3, x3, acc3)
+        if SPLIT_K > 1:
+            acc = tl.sum(acc3, axis=0)
     y = acc * (tl.load(g_ptr) * 67108864.0)
     b = y.to(tl.int32, bitcast=True)
     bits = tl.where(y != y, 0x7FC0, ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).to(tl.int16)
@@ -67,20 +158,31 @@ def _nvfp4_gemm_kernel(
 
 
 def default_config(M: int, N: int, num_sms: int = 132) -> dict:
-    """Tiles by M and N. For M <= 16 the fastest of the configs timed on the H200 per output width
-    (bench/results/quant_gemm_h200_run1.json: the 248k-row head, 4k..12k-row projections, 2k-row
-    projections); larger M: one M tile of 32/64 rows and N tiles for ~2 programs per SM."""
+    """Tiles by M and N (bench/fp4_gemm_sass.py: the K loop's instructions per weight, registers, shared memory).
+    M <= 16, by output width: the 248k-row head in 128-row tiles (wgmma, 3 programs per SM); 8k..64k rows in
+    64-row tiles (wgmma, one warpgroup); narrower outputs in 16-row tiles whose 4 warps each take a quarter of
+    the 512-wide K tile (SPLIT_K, mma.sync), so that N / 16 programs still give an SM 4 warps. Larger M: one M
+    tile of 32/64 rows and N tiles for ~2 programs per SM, in 3 stages (wgmma tiles also stage the dequantized
+    weights and the reordered x in shared memory); tiles under 64 rows split K over the warps likewise."""
     if M <= 16:
         if N >= 65536:
-            return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 512, "num_warps": 4, "num_stages": 3}
-        if N >= 4096:
-            return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 6}
-        return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
+            return {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
+        if N >= 8192:
+            return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+        return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4}
     block_m = 32 if M <= 32 else 64
     block_n = 128
     while block_n > 16 and triton.cdiv(N, block_n) * triton.cdiv(M, block_m) < 2 * num_sms:
         block_n //= 2
-    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}
+    if block_n >= 64:
+        return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3}
+
+
+@cache
+def _has_e4m3(index: int | None) -> bool:
+    """Triton's E4M3 type (the scale conversion of the PTX path) needs sm_89+; older GPUs unpack as before."""
+    return torch.cuda.get_device_capability(index) >= (8, 9)
 
 
 def nvfp4_gemm_triton(
@@ -96,18 +198,21 @@ def nvfp4_gemm_triton(
     if weight.shape[1] * 2 != K or weight_scale.shape != (N, K // 16) or K % 16:
         raise ValueError(f"NVFP4 weight {tuple(weight.shape)} / scales {tuple(weight_scale.shape)} "
                          f"do not match K={K}")
+    if weight.stride(1) != 1 or weight.stride(0) % 2 or weight.data_ptr() % 2:
+        raise ValueError("NVFP4 weight rows must be contiguous and 2-byte aligned (the GPU path reads int16 words)")
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     if M > 0:
-        cfg = dict(config or default_config(M, N))
+        cfg = {"SPLIT_K": 1, **(config or default_config(M, N))}
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
         g = weight_scale_2.to(device=x.device, dtype=torch.float32).reshape(1)
         _nvfp4_gemm_kernel[grid](
             x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16),
             M, N, K, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
+            EVEN_K=K % cfg["BLOCK_K"] == 0, PTX_DEQUANT=x.device.type == "cuda" and _has_e4m3(x.device.index),
             DOT_F32=x.device.type != "cuda", **cfg, **pdl_args(x.device),
         )
     return y.reshape(*x.shape[:-1], N)
