@@ -1,7 +1,8 @@
 """Registers, spills and wgmma tile shapes of the replay_verify kernel for sm_90, without a GPU.
 
-Compiles the Triton kernel for an H100/H200 target on this machine and runs the ptxas that ships with
-Triton on the PTX, for each tile config and dot precision (Qwen3.5-like heads, bf16 inputs):
+Compiles the Triton kernel for an H100/H200 target on this machine, as a launch specializes it, and runs
+the ptxas that ships with Triton on the PTX, for each tile config and dot precision (Qwen3.5-like heads,
+bf16 inputs):
 
     python bench/replay_ssm_ptxas.py --out bench/results/replay_ssm_ptxas.json
 """
@@ -24,13 +25,16 @@ _TYPES = dict(
     ring_beta_ptr="*fp32", ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", o_ptr="*bf16",
     T="i32", Tmax="i32", scale="fp32", eps="fp32", sq="i32", sk="i32", sv="i32", sa="i32", sb="i32",
 )  # fmt: skip
+# What a launch specializes (16-byte aligned pointers, row strides of the fused projections multiples of 16):
+# without it the loads compile unvectorized, unlike the kernel that runs.
+DIVISIBLE_BY_16 = tuple(n for n, t in _TYPES.items() if t.startswith("*")) + ("sq", "sk", "sv", "sa", "sb")
 
 
 def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
     Hk, Hv, D = heads
     consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, BKC=min(KEY_CHUNK, D), TP=16, PREC=precision,
                   ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V, PDL=False)
-    out = compile_sm90(_replay_verify_kernel, _TYPES, consts, num_warps)
+    out = compile_sm90(_replay_verify_kernel, _TYPES, consts, num_warps, divisible_by_16=DIVISIBLE_BY_16)
     ptx = out["ptx"]
     tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
     return dict(
