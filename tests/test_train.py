@@ -12,6 +12,7 @@ import yaml
 
 from ocria.builder.presets import CONFIG_DIR, load_preset
 from ocria.data import generate
+from ocria.errors import OcriaError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
 from ocria.models.gdn import gated_delta_rule
 from ocria.plugins.replay_ssm.reference import delta_step, l2norm
@@ -326,6 +327,30 @@ def test_resume_gives_identical_next_step_loss(tiny_preset, tmp_path):
     assert all(0 <= h["data_wait"] <= 1 for h in whole.run["history"]["target"])  # the loop's wait for batches
     exported = [(tmp_path / r / "target" / "model.safetensors").read_bytes() for r in ("a", "b")]
     assert exported[0] == exported[1]
+
+
+def test_non_finite_gradients_leave_the_weights_and_stop_the_run(tiny_preset, tmp_path, monkeypatch):
+    """A non-finite loss skips its update on the device (weights and moments unchanged, no host sync); a run
+    of them stops the stage at the next log line with a clear error."""
+    from ocria.train import run as run_module
+
+    real_loss = run_module.target_loss
+    monkeypatch.setattr(run_module, "target_loss", lambda model, batch: real_loss(model, batch) * float("nan"))
+    trainer = Run(tmp_path / "s", _cfg(preset=tiny_preset, target_steps=30, log_every=5), 600)
+    snapshots = []
+    monkeypatch.setattr(run_module.FlatAdamW, "step", _recording_step(run_module.FlatAdamW.step, snapshots))
+    with pytest.raises(OcriaError, match="20 steps in a row with a non-finite gradient"):
+        trainer.stage_target()
+    assert len(snapshots) == 20 and all(torch.equal(s, snapshots[0]) for s in snapshots)
+
+
+def _recording_step(step, snapshots):
+    """FlatAdamW.step that records the first group's weights and first moments after each update."""
+    def recorded(opt, apply=None):
+        step(opt, apply)
+        group = opt.param_groups[0]
+        snapshots.append(torch.cat([p.detach().reshape(-1) for p in group["params"]] + [group["exp_avg"].float()]))
+    return recorded
 
 
 def test_zero_steps_means_the_steps_that_fit_the_minutes(tiny_preset, tmp_path):

@@ -36,7 +36,10 @@ class FlatAdamW:
                 p.grad = None
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self, apply: Tensor | None = None) -> None:
+        """One update. ``apply``, a bool scalar on the device: where False (a non-finite gradient) weights and
+        moments stay as they were, decided on the GPU, so the host never waits for the gradient norm; the
+        step still counts for the bias correction."""
         self.steps += 1
         b1, b2 = self.betas
         c1, c2 = 1 - b1**self.steps, 1 - b2**self.steps
@@ -46,11 +49,18 @@ class FlatAdamW:
                               for p in params])
             m = group["exp_avg"].float().mul_(b1).add_(grad, alpha=1 - b1)
             v = group["exp_avg_sq"].float().mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            if apply is not None:
+                m = torch.where(apply, m, group["exp_avg"].float())
+                v = torch.where(apply, v, group["exp_avg_sq"].float())
             group["exp_avg"].copy_(m)
             group["exp_avg_sq"].copy_(v)
             update = (m / c1).div_(v.div_(c2).sqrt_().add_(self.eps))
+            decay = 1 - group["lr"] * group["weight_decay"]
+            if apply is not None:
+                update = torch.where(apply, update, 0.0)
+                decay = torch.where(apply, decay, 1.0)
             if group["weight_decay"]:
-                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+                torch._foreach_mul_(params, decay)
             parts = [u.view_as(p) for u, p in zip(update.split([p.numel() for p in params]), params)]
             torch._foreach_add_(params, parts, alpha=-group["lr"])
 

@@ -238,7 +238,7 @@ class Run:
             raise OcriaError(f"{name}: warmup {warmup} is too short to time the steps before it ends (>= 41)")
         last_save = time.time()
         t_start, step_start = time.time(), step
-        skipped = bad_run = 0
+        skipped = bad_run = torch.zeros((), dtype=torch.int64, device=self.device)  # on the GPU: read at log time
         waited = 0.0  # seconds the loop spent waiting for the data workers since the last log line
         t_body_end = t_waited_from = time.perf_counter()
 
@@ -261,15 +261,9 @@ class Run:
                 opt.zero_grad()
                 loss.backward()
                 gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                if torch.isfinite(gnorm):  # one non-finite batch must not poison the weights
-                    opt.step()
-                    bad_run = 0
-                else:
-                    skipped, bad_run = skipped + 1, bad_run + 1
-                    self.run["stages"].setdefault(f"{name}_skipped", []).append(step)
-                    if bad_run >= 20:
-                        raise OcriaError(f"{name}: 20 steps in a row with a non-finite gradient (at step {step}): "
-                                         f"lower the learning rate and resume from the last checkpoint")
+                finite = torch.isfinite(gnorm)  # a non-finite batch must not poison the weights
+                opt.step(finite)
+                skipped, bad_run = skipped + ~finite, (bad_run + 1) * ~finite
                 step += 1
                 if step == timing_from:
                     t_timing = time.time()
@@ -281,12 +275,17 @@ class Run:
                     self.call.setdefault("config_changes", {})[steps_key] = steps
                     self.log(f"{name}: {rate:.2f} steps/s -> {steps} steps for {minutes} min")
                 if step % cfg.log_every == 0 or step == steps:
+                    if int(bad_run) >= 20:
+                        raise OcriaError(f"{name}: {int(bad_run)} steps in a row with a non-finite gradient (to step "
+                                         f"{step}): lower the learning rate and resume from the last checkpoint")
+                    if int(skipped):
+                        self.run["stages"][f"{name}_skipped"] = int(skipped)
                     rate = (step - step_start) / (time.time() - t_start)
                     now = time.perf_counter()  # the share of wall time the GPU loop sat waiting for batches
                     data_wait, waited, t_waited_from = waited / max(now - t_waited_from, 1e-9), 0.0, now
                     history.append({"step": step, "loss": round(loss.item(), 5), "lr": cur_lr,
                                     "grad_norm": round(float(gnorm), 4), "steps_per_s": round(rate, 3),
-                                    "data_wait": round(data_wait, 3), "skipped": skipped,
+                                    "data_wait": round(data_wait, 3), "skipped": int(skipped),
                                     **{k: round(v, 5) for k, v in stats.items()}})
                     self.log(f"{name} step {step}/{steps} loss {loss.item():.4f} lr {cur_lr:.2e} "
                              f"{rate:.2f} it/s data wait {data_wait:.0%} {stats}")
