@@ -14,6 +14,7 @@ anything is off.
 """
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -33,7 +34,9 @@ from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
 from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
 from ocria.plugins.silu_quant import silu_mul_quant
+from ocria.plugins.silu_quant.kernel import default_config, silu_mul_quant_triton
 from ocria.plugins.silu_quant.reference import silu_mul_quant_reference
+from ocria.plugins.switch import ENABLE_ENV
 
 
 def _fused_views(*parts: torch.Tensor) -> list[torch.Tensor]:
@@ -168,7 +171,30 @@ def check_decode_gemm(dev: str, norm: bool) -> dict:
 NVFP4_SHAPES = ((16, 2048, 6144), (5, 12288, 2048), (1, 65536, 256), (40, 2048, 1040), (24, 32768, 512))
 
 
-def check_nvfp4_gemm(dev: str, shapes: tuple = NVFP4_SHAPES) -> dict:
+def check_nvfp4_gemm(dev: str, shapes: tuple = NVFP4_SHAPES) -> list[dict]:
+    """Both code paths of the NVFP4 GEMM (integer unpacking; the opt-in PTX dequantization, ``nvfp4_ptx``)."""
+    rows = []
+    for ptx in (False, True):
+        with _enabled("nvfp4_ptx" if ptx else ""):
+            rows.append(dict(_check_nvfp4_gemm(dev, shapes), kernel="nvfp4_gemm" + (" (nvfp4_ptx)" if ptx else "")))
+    return rows
+
+
+@contextlib.contextmanager
+def _enabled(names: str):
+    """``OCRIA_ENABLE_KERNELS`` set to ``names`` inside the block."""
+    saved = os.environ.get(ENABLE_ENV)
+    os.environ[ENABLE_ENV] = names
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(ENABLE_ENV)
+        else:
+            os.environ[ENABLE_ENV] = saved
+
+
+def _check_nvfp4_gemm(dev: str, shapes: tuple) -> dict:
     """The NVFP4 weight-only GEMM against dequantize + fp32 matmul, with a zero, subnormal, negative and NaN
     E4M3 block scale in each weight: within one bf16 rounding, NaN in the same outputs."""
     g = torch.Generator(dev).manual_seed(6)
@@ -194,14 +220,17 @@ def check_silu_quant(dev: str) -> list[dict]:
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
     scale = torch.tensor(0.02, device=dev)
     rows = []
-    for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale)):
-        out, scales = silu_mul_quant(gate_up, mode, s, use_kernel=True)
+    cases = [("bf16", None, False), ("fp8_static", scale, False), ("fp8_dynamic", None, False), ("nvfp4", scale, False),
+             ("fp8_static", scale, True), ("fp8_dynamic", None, True)]  # True: the opt-in PTX convert (e4m3_cvt)
+    for mode, s, hw in cases:
+        cfg = {**default_config(mode, gate_up.shape[0], gate_up.shape[1] // 2), "hw_e4m3": hw}
+        out, scales = silu_mul_quant_triton(gate_up, mode, s, cfg)
         ref, ref_scales = silu_mul_quant_reference(gate_up, mode, s)
         bad = int((out.view(torch.uint8) != ref.view(torch.uint8)).sum())
         if scales is not None:
             bad += int((scales.contiguous().view(torch.uint8) != ref_scales.contiguous().view(torch.uint8)).sum())
-        rows.append({"kernel": f"silu_mul_quant {mode}", "dtype": "torch.bfloat16", "mismatched_bytes": bad,
-                     "tolerance": 0, "ok": bad == 0})
+        rows.append({"kernel": f"silu_mul_quant {mode}" + (" (e4m3_cvt)" if hw else ""), "dtype": "torch.bfloat16",
+                     "mismatched_bytes": bad, "tolerance": 0, "ok": bad == 0})
     return rows
 
 
@@ -260,7 +289,7 @@ def main() -> int:
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
-            check_decode_gemm(dev, True), check_nvfp4_gemm(dev), *check_pdl_chain(dev)]
+            check_decode_gemm(dev, True), *check_nvfp4_gemm(dev), *check_pdl_chain(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}

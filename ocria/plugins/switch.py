@@ -10,9 +10,11 @@ from ocria.errors import OcriaError
 KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm",
            "decode_gemm_norm")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
-# Off unless named in OCRIA_ENABLE_KERNELS: the norm folded into the GEMM made the H200's bf16 decode step
-# slower, not faster (bench/results/e2e_h200_norm_fold.json against e2e_h200_no_norm_fold.json).
-OPT_IN = ("decode_gemm_norm",)
+# Off unless named in OCRIA_ENABLE_KERNELS. decode_gemm_norm: the norm folded into the GEMM made the H200's
+# bf16 decode step slower (bench/results/e2e_h200_norm_fold.json against e2e_h200_no_norm_fold.json).
+# nvfp4_ptx (the NVFP4 GEMM's PTX dequantization) and e4m3_cvt (SiLU-quant's FP8 bytes by PTX's convert):
+# code paths inside their kernels that no GPU has checked against the reference yet (bench/plugins_check.py).
+OPT_IN = ("decode_gemm_norm", "nvfp4_ptx", "e4m3_cvt")
 ENABLE_ENV = "OCRIA_ENABLE_KERNELS"
 
 
@@ -48,3 +50,8 @@ def kernel_enabled(device: torch.device, use_kernel: bool | None = None, name: s
         if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
             raise OcriaError(f"plugin kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
     return use_kernel
+
+
+def opted_in(name: str) -> bool:
+    """Whether the opt-in kernel or code path ``name`` (one of ``OPT_IN``) is named in ``OCRIA_ENABLE_KERNELS``."""
+    return name in enabled_kernels()

@@ -9,7 +9,8 @@ as ``e2m1 * 2^-126`` (the zero-exponent codes 0 and 0.5 land on subnormals with 
 times ``block_scale * 2^100`` (a normal number, exact in fp32 and bf16; the NaN codes 0x7F/0xFF give
 NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that is the value above.
 
-- ``PTX_DEQUANT`` (CUDA, sm_89+; the H200): ``_DEQUANT_ASM`` builds the bf16 bit patterns of two codes
+- ``PTX_DEQUANT`` (CUDA, sm_89+; opt-in with ``OCRIA_ENABLE_KERNELS=nvfp4_ptx`` until an H200 run of
+  bench/plugins_check.py has compared it with the reference): ``_DEQUANT_ASM`` builds the bf16 bit patterns of two codes
   per 32-bit register and applies the scale with one ``fma.rn.bf16x2`` (``v * s + -0``: the product,
   rounded once, so exact; bf16 arithmetic keeps subnormal inputs) per two weights. The scale is
   Triton's E4M3 -> fp32 conversion (the hardware's, exact) times 2^100, rounded to bf16 (exact).
@@ -28,6 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.switch import opted_in
 
 # $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
 # each with the sign in bit 3; $5 the bf16 scale of each word. Output $j is the bf16x2 pair
@@ -212,7 +214,8 @@ def nvfp4_gemm_triton(
         _nvfp4_gemm_kernel[grid](
             x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16),
             M, N, K, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
-            EVEN_K=K % cfg["BLOCK_K"] == 0, PTX_DEQUANT=x.device.type == "cuda" and _has_e4m3(x.device.index),
+            EVEN_K=K % cfg["BLOCK_K"] == 0,
+            PTX_DEQUANT=x.device.type == "cuda" and _has_e4m3(x.device.index) and opted_in("nvfp4_ptx"),
             DOT_F32=x.device.type != "cuda", **cfg, **pdl_args(x.device),
         )
     return y.reshape(*x.shape[:-1], N)
