@@ -6,7 +6,8 @@ and must equal the reference within float tolerance, buffers included; the fused
 bf16 ulps their rounding chains allow (1 for rms_norm, 4 for gated_rms_norm: see NORM_ULPS_BF16);
 decode attention within float tolerance; SiLU-quant byte for byte in every mode; the decode GEMM (and
 its add + RMSNorm prologue, against its fp32 math) within one bf16 rounding, each row bit-identical alone
-and in a 16-row block; the NVFP4 GEMM within one bf16 rounding of dequantize + fp32 matmul; a chain of
+and in a 16-row block; the NVFP4 GEMM within one bf16 rounding of dequantize + fp32 matmul; the KV-cache
+write bit for bit; a chain of
 kernels launched with PDL, in a CUDA graph, bit for bit the chain without it. Exit code 1 and a table if
 anything is off.
 
@@ -28,6 +29,7 @@ from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
 from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp32, decode_gemm_norm, decode_gemm_norm_fp32
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
+from ocria.plugins.kv_write import kv_write, kv_write_reference
 from ocria.plugins.launch import PDL_ENV, pdl_launch
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
@@ -215,6 +217,24 @@ def _check_nvfp4_gemm(dev: str, shapes: tuple) -> dict:
             "nan_same": nan_same, "ok": max(errs) <= tol and nan_same}
 
 
+def check_kv_write(dev: str) -> dict:
+    """The KV-cache write (bf16, k/v as views of a fused projection, ocria-1-sim's 2 KV heads of 256) against
+    the indexed assignments: the caches bit for bit."""
+    g = torch.Generator(dev).manual_seed(7)
+    B, T, H, D, S, L = 4, 16, 2, 256, 6, 512
+    fused = torch.randn(B, T, 3 * H * D, generator=g, device=dev).to(torch.bfloat16)
+    k, v = (fused[..., i * H * D:(i + 1) * H * D].reshape(B, T, H, D) for i in (1, 2))
+    caches = [torch.randn(S, H, L, D, generator=g, device=dev).to(torch.bfloat16) for _ in range(2)]
+    want = [c.clone() for c in caches]
+    slots = torch.tensor([5, 0, 3, 1], device=dev)
+    pos = torch.tensor([0, 100, 300, L - T], device=dev)[:, None] + torch.arange(T, device=dev)
+    rows = slots[:, None].expand_as(pos)
+    kv_write(*caches, k, v, rows, pos, use_kernel=True)
+    kv_write_reference(*want, k, v, rows, pos)
+    bad = sum(int((c.view(torch.int16) != w.view(torch.int16)).sum()) for c, w in zip(caches, want))
+    return {"kernel": "kv_write", "dtype": "torch.bfloat16", "mismatched_bytes": bad, "tolerance": 0, "ok": bad == 0}
+
+
 def check_silu_quant(dev: str) -> list[dict]:
     g = torch.Generator(dev).manual_seed(2)
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
@@ -289,7 +309,7 @@ def main() -> int:
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
-            check_decode_gemm(dev, True), *check_nvfp4_gemm(dev), *check_pdl_chain(dev)]
+            check_decode_gemm(dev, True), *check_nvfp4_gemm(dev), check_kv_write(dev), *check_pdl_chain(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}

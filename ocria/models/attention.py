@@ -8,6 +8,7 @@ from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
 from ocria.models.layers import ZeroCenteredRMSNorm, dense
 from ocria.plugins.decode_attention import decode_attention
+from ocria.plugins.kv_write import kv_write
 
 
 def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
@@ -18,12 +19,6 @@ def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
 
 
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
-
-
-def write_kv(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor) -> None:
-    """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at ``cache_index``'s rows and positions."""
-    k_cache[rows, :, pos] = k.to(k_cache.dtype)
-    v_cache[rows, :, pos] = v.to(v_cache.dtype)
 
 
 class GatedAttention(nn.Module):
@@ -61,7 +56,7 @@ class GatedAttention(nn.Module):
         else:
             i = self.cache_index
             start = cache.kv_len[slots]
-            write_kv(cache.k[i], cache.v[i], k, v, *cache_index(slots, start, T))
+            kv_write(cache.k[i], cache.v[i], k, v, *cache_index(slots, start, T), use_kernel=self.use_kernel)
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
                                  attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.errors import ConfigError
-from ocria.models.attention import cache_index, write_kv
+from ocria.models.attention import cache_index
 from ocria.models.cache import DrafterCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
@@ -47,6 +47,7 @@ from ocria.models.layers import (
     set_plugins,
 )
 from ocria.plugins.decode_attention import decode_attention
+from ocria.plugins.kv_write import kv_write
 
 
 @lru_cache(maxsize=16)
@@ -111,7 +112,7 @@ class DrafterLayer(nn.Module):
         q, k, v = project(attn, h, ("q_proj", "k_proj", "v_proj"))  # one GEMM when fused
         q = attn.q_norm.rope(q.view(B, T, attn.num_heads, attn.head_dim), cos, sin)
         k, v = attn.kv_heads(k, v, cos, sin)
-        write_kv(k_cache, v_cache, k, v, *index)
+        kv_write(k_cache, v_cache, k, v, *index, use_kernel=attn.use_kernel)
         o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
                              attn.head_dim**-0.5, causal_block=False, use_kernel=attn.use_kernel)
         x, h = self.post_attention_layernorm.add(dense(attn.o_proj, o.transpose(1, 2).reshape(B, T, -1),
@@ -171,7 +172,8 @@ class DFlash2Drafter(nn.Module):
         rows, pos = cache_index(slots, cache.ctx_len[slots], feats.shape[1])
         cos, sin = self._cached_rope(pos, ctx.dtype, cache)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            write_kv(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin), rows, pos)
+            kv_write(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin), rows, pos,
+                     use_kernel=layer.self_attn.use_kernel)
         cache.ctx_len[slots] += counts.to(torch.int32)
 
     def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
