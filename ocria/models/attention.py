@@ -18,6 +18,13 @@ def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
     return slots.long()[:, None].expand_as(pos), pos
 
 
+def cache_position(cache: TargetCache, slots: Tensor, T: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(start [B], rows, positions [B, T]) of a step's T new tokens in the target's KV caches: the same for
+    every attention layer of the step, so the model computes them once."""
+    start = cache.kv_len[slots]
+    return start, *cache_index(slots, start, T)
+
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
@@ -38,9 +45,11 @@ class GatedAttention(nn.Module):
         self.k_norm = ZeroCenteredRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
     def forward(self, projections: tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
-                cache: TargetCache | None = None, slots: Tensor | None = None, attn_len: int | None = None) -> Tensor:
+                cache: TargetCache | None = None, slots: Tensor | None = None, attn_len: int | None = None,
+                position: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """The layer from its q (with the output gate), k and v projections of the normed input on (the decoder
-        layer computes them, folding its norm into their GEMM in decode steps: ``norm_project``)."""
+        layer computes them, folding its norm into their GEMM in decode steps: ``norm_project``). ``position``:
+        ``cache_position`` of the step (computed here when None)."""
         q, k, v = projections
         B, T, _ = q.shape
         q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -55,8 +64,8 @@ class GatedAttention(nn.Module):
                 v.transpose(1, 2).repeat_interleave(rep, dim=1), is_causal=True, scale=scale)
         else:
             i = self.cache_index
-            start = cache.kv_len[slots]
-            kv_write(cache.k[i], cache.v[i], k, v, *cache_index(slots, start, T), use_kernel=self.use_kernel)
+            start, rows, pos = position if position is not None else cache_position(cache, slots, T)
+            kv_write(cache.k[i], cache.v[i], k, v, rows, pos, use_kernel=self.use_kernel)
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
                                  attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
         o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))

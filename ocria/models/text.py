@@ -4,7 +4,7 @@ import torch
 from torch import Tensor, nn
 
 from ocria.models.attention import PROJECTIONS as ATTENTION_PROJECTIONS
-from ocria.models.attention import GatedAttention
+from ocria.models.attention import GatedAttention, cache_position
 from ocria.models.cache import TargetCache
 from ocria.models.config import LINEAR, TextConfig
 from ocria.models.gdn import PROJECTIONS as GDN_PROJECTIONS
@@ -34,7 +34,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = ZeroCenteredRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, mode: str,
-                cache: TargetCache | None, slots: Tensor | None, attn_len: int | None) -> tuple[Tensor, Tensor]:
+                cache: TargetCache | None, slots: Tensor | None, attn_len: int | None,
+                position: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         """The layer's input is ``x + delta`` (delta None: x); returns its output as ``(x', delta')``, the
         MLP's residual add left to the next norm, which fuses it (one launch per add + norm; in decode and
         verify steps the add + norm is folded into the next input projection)."""
@@ -43,7 +44,7 @@ class DecoderLayer(nn.Module):
             h = self.linear_attn(proj, mode, cache, slots)
         else:
             x, proj = norm_project(self.input_layernorm, x, delta, self.self_attn, ATTENTION_PROJECTIONS)
-            h = self.self_attn(proj, cos, sin, cache, slots, attn_len)
+            h = self.self_attn(proj, cos, sin, cache, slots, attn_len, position)
         return norm_mlp(self.post_attention_layernorm, h, x, self.mlp)
 
 
@@ -86,9 +87,10 @@ class TextModel(nn.Module):
         if mode not in ("full", "prefill", "verify"):
             raise ValueError(f"unknown forward mode {mode!r}")
         cos, sin = self.rotary(positions, embeds.dtype)
+        position = cache_position(cache, slots, embeds.shape[1]) if cache is not None else None
         x, delta, captured = embeds, None, {}
         for i, layer in enumerate(self.layers):
-            x, delta = layer(x, delta, cos, sin, mode, cache, slots, attn_len)
+            x, delta = layer(x, delta, cos, sin, mode, cache, slots, attn_len, position)
             if i in capture:
                 captured[i] = x + delta
         return self.norm.add(delta, x)[1], [captured[i] for i in capture]
