@@ -7,7 +7,7 @@ bf16 ulps their rounding chains allow (1 for rms_norm, 4 for gated_rms_norm: see
 decode attention within float tolerance; SiLU-quant byte for byte in every mode; the decode GEMM (and
 its add + RMSNorm prologue, against its fp32 math) within one bf16 rounding, each row bit-identical alone
 and in a 16-row block; the NVFP4 GEMM within one bf16 rounding of dequantize + fp32 matmul; the KV-cache
-write bit for bit; a chain of
+write bit for bit; the attention output gate within a bf16 ulp; a chain of
 kernels launched with PDL, in a CUDA graph, bit for bit the chain without it. Exit code 1 and a table if
 anything is off.
 
@@ -35,6 +35,7 @@ from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
 from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
+from ocria.plugins.sigmoid_gate import sigmoid_gate, sigmoid_gate_reference
 from ocria.plugins.silu_quant import silu_mul_quant
 from ocria.plugins.silu_quant.kernel import default_config, silu_mul_quant_triton
 from ocria.plugins.silu_quant.reference import silu_mul_quant_reference
@@ -235,6 +236,17 @@ def check_kv_write(dev: str) -> dict:
     return {"kernel": "kv_write", "dtype": "torch.bfloat16", "mismatched_bytes": bad, "tolerance": 0, "ok": bad == 0}
 
 
+def check_sigmoid_gate(dev: str) -> dict:
+    """The attention output gate (bf16, ocria-1-sim's 16 heads of 256, gate a strided view of the q
+    projection) against ``o * sigmoid(gate)``: bf16 ulps."""
+    g = torch.Generator(dev).manual_seed(8)
+    q = (torch.randn(4, 16, 16, 512, generator=g, device=dev) * 4).to(torch.bfloat16)
+    gate = q.chunk(2, dim=-1)[1]
+    o = torch.randn(4, 16, 16, 256, generator=g, device=dev).to(torch.bfloat16).transpose(1, 2)
+    ulps = _ulps(sigmoid_gate(o, gate, use_kernel=True), sigmoid_gate_reference(o, gate))
+    return {"kernel": "sigmoid_gate", "dtype": "torch.bfloat16", "max_ulps": ulps, "tolerance": 1, "ok": ulps <= 1}
+
+
 def check_silu_quant(dev: str) -> list[dict]:
     g = torch.Generator(dev).manual_seed(2)
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
@@ -309,7 +321,8 @@ def main() -> int:
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
-            check_decode_gemm(dev, True), *check_nvfp4_gemm(dev), check_kv_write(dev), *check_pdl_chain(dev)]
+            check_decode_gemm(dev, True), *check_nvfp4_gemm(dev), check_kv_write(dev), check_sigmoid_gate(dev),
+            *check_pdl_chain(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
               "command": " ".join(["python", *sys.argv]), "checks": rows, "ok": all(r["ok"] for r in rows)}

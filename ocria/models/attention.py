@@ -9,6 +9,7 @@ from ocria.models.config import TextConfig
 from ocria.models.layers import ZeroCenteredRMSNorm, dense
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.kv_write import kv_write
+from ocria.plugins.sigmoid_gate import sigmoid_gate
 
 
 def cache_index(slots: Tensor, start: Tensor, T: int) -> tuple[Tensor, Tensor]:
@@ -68,5 +69,4 @@ class GatedAttention(nn.Module):
             kv_write(cache.k[i], cache.v[i], k, v, rows, pos, use_kernel=self.use_kernel)
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
                                  attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
-        o = o.transpose(1, 2).reshape(B, T, -1) * torch.sigmoid(gate.reshape(B, T, -1))
-        return dense(self.o_proj, o, self.use_kernel)
+        return dense(self.o_proj, sigmoid_gate(o.transpose(1, 2), gate, self.use_kernel), self.use_kernel)

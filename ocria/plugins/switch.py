@@ -8,7 +8,7 @@ import torch
 from ocria.errors import OcriaError
 
 KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm",
-           "decode_gemm_norm", "kv_write")
+           "decode_gemm_norm", "kv_write", "sigmoid_gate")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
 # Off unless named in OCRIA_ENABLE_KERNELS. decode_gemm_norm: the norm folded into the GEMM made the H200's
 # bf16 decode step slower (bench/results/e2e_h200_norm_fold.json against e2e_h200_no_norm_fold.json).
