@@ -9,14 +9,9 @@ are what each K tile costs beside the weight stream (counts are static, per thre
 """
 
 import argparse
-import datetime
 import re
-import shlex
-import subprocess
-import sys
 
-import triton
-from ptxas import compile_sm90
+from ptxas import compile_report, compile_sm90
 from timing import save_json
 
 from ocria.plugins.decode_gemm.kernel import BLOCK_M, _decode_gemm_kernel, default_config, norm_config
@@ -63,11 +58,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [stats(name, N, K, norm) for name, (N, K) in SHAPES.items() for norm in (False, True)
             if not norm or name in NORMED]
-    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
-                  command="python " + shlex.join(sys.argv), git=git, rows=rows)
-    save_json(result, args.out)
+    save_json(compile_report(rows), args.out)
     print(f"{'shape':14} {'kernel':17} {'config':>24} {'regs':>4} {'spill':>5} | K loop: "
           + " ".join(f"{c:>9}" for c in COUNTED))
     for r in rows:

@@ -12,15 +12,10 @@ this script on the kernel before its PTX dequantization (ocria/plugins/fp4_gemm/
 """
 
 import argparse
-import datetime
 import re
-import shlex
-import subprocess
-import sys
 from collections.abc import Callable
 
-import triton
-from ptxas import compile_sm90
+from ptxas import compile_report, compile_sm90
 from timing import save_json
 
 from ocria.plugins.fp4_gemm.kernel import _nvfp4_gemm_kernel, default_config
@@ -103,11 +98,7 @@ def main() -> None:
     ap.add_argument("--out", default="bench/results/fp4_gemm_sass.json")
     args = ap.parse_args()
     rows = [stats(name, N, K) for name, (N, K) in SHAPES.items()]
-    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
-                  command="python " + shlex.join(sys.argv), git=git, rows=rows)
-    save_json(result, args.out)
+    save_json(compile_report(rows), args.out)
     print(f"{'shape':8} {'config':>18} {'mma':>8} {'regs':>4} {'smem KB':>7} {'spill':>5} {'instr':>6} | K loop: "
           f"{'SASS':>5} {'PTX':>5} {'elem/thr':>8} {'SASS/elem':>9}")
     for r in rows:

@@ -4,9 +4,12 @@ Triton ships ptxas and cuobjdump; the kernel benchmarks use this to look at what
 registers, spills and instruction counts before GPU time is spent on timing it.
 """
 
+import datetime
 import os
 import re
+import shlex
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -58,3 +61,11 @@ def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: 
     return dict(ptx=ptx, sass=sass, registers=int(regs.group(1)), spill_store_bytes=int(spill.group(1)) if spill else 0,
                 spill_load_bytes=int(spill.group(2)) if spill else 0, shared_bytes=compiled.metadata.shared,
                 instructions=sum(opcodes.values()), opcodes=opcodes)
+
+
+def compile_report(rows: list[dict]) -> dict:
+    """A static report's result file: its rows with the date, compiler, command and commit that made them."""
+    git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
+                command="python " + shlex.join(sys.argv), git=git, rows=rows)

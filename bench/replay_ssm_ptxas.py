@@ -8,13 +8,9 @@ bf16 inputs):
 """
 
 import argparse
-import datetime
 import re
-import shlex
-import sys
 
-import triton
-from ptxas import compile_sm90
+from ptxas import compile_report, compile_sm90
 from timing import save_json
 
 from ocria.plugins.replay_ssm.kernel import KEY_CHUNK, PREFETCH_MAX_BLOCK_V, _replay_verify_kernel
@@ -54,12 +50,7 @@ def main() -> None:
         for prec in ("tf32", "tf32x3")
         for one in (True, False)
     ]
-    result = dict(
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
-        command="python " + shlex.join(sys.argv), rows=rows,
-    )  # fmt: skip
-    save_json(result, args.out)
+    save_json(compile_report(rows), args.out)
     print(f"{'BV':>4} {'warps':>5} {'precision':>9} {'T=1':>4} {'regs':>4} {'spill st/ld B':>14}  wgmma tiles")
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"

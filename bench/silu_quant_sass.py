@@ -8,12 +8,8 @@ instructions a thread issues per element predict their time. Counts are static: 
 """
 
 import argparse
-import datetime
-import shlex
-import sys
 
-import triton
-from ptxas import compile_sm90
+from ptxas import compile_report, compile_sm90
 from timing import save_json
 
 from ocria.plugins.silu_quant.kernel import MODE_IDS, _silu_mul_quant_kernel, default_config, tiling
@@ -57,10 +53,7 @@ def main() -> None:
                 configs = configs + [{**configs[0], "hw_e4m3": True}]
             for cfg in configs:
                 rows.append(stats(mode, n, cfg))
-    result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  gpu="none (compiled for sm_90a with Triton's ptxas)", triton=triton.__version__,
-                  command="python " + shlex.join(sys.argv), rows=rows)
-    save_json(result, args.out)
+    save_json(compile_report(rows), args.out)
     print(f"{'N':>6} {'mode':12} {'tile':>12} {'warps':>5} {'passes':>6} {'cvt':>4} {'regs':>4} {'spill B':>7} "
           f"{'instr/elem':>10}")
     for r in rows:
