@@ -178,23 +178,23 @@ def check_nvfp4_gemm(dev: str, shapes: tuple = NVFP4_SHAPES) -> list[dict]:
     """Both code paths of the NVFP4 GEMM (integer unpacking; the opt-in PTX dequantization, ``nvfp4_ptx``)."""
     rows = []
     for ptx in (False, True):
-        with _enabled("nvfp4_ptx" if ptx else ""):
+        with _env(ENABLE_ENV, "nvfp4_ptx" if ptx else None):
             rows.append(dict(_check_nvfp4_gemm(dev, shapes), kernel="nvfp4_gemm" + (" (nvfp4_ptx)" if ptx else "")))
     return rows
 
 
 @contextlib.contextmanager
-def _enabled(names: str):
-    """``OCRIA_ENABLE_KERNELS`` set to ``names`` inside the block."""
-    saved = os.environ.get(ENABLE_ENV)
-    os.environ[ENABLE_ENV] = names
+def _env(name: str, value: str | None):
+    """Environment variable ``name`` set to ``value`` (None: unset) inside the block, as it was after."""
+    saved = os.environ.pop(name, None)
+    if value is not None:
+        os.environ[name] = value
     try:
         yield
     finally:
-        if saved is None:
-            os.environ.pop(ENABLE_ENV)
-        else:
-            os.environ[ENABLE_ENV] = saved
+        os.environ.pop(name, None)
+        if saved is not None:
+            os.environ[name] = saved
 
 
 def _check_nvfp4_gemm(dev: str, shapes: tuple) -> dict:
@@ -287,10 +287,9 @@ def check_pdl_chain(dev: str) -> list[dict]:
             x = x + decode_gemm(a, w_down, use_kernel=True)
         return x
 
-    saved = os.environ.pop(PDL_ENV, None)
-    try:
+    with _env(PDL_ENV, None):
         want = chain(x0)
-        os.environ[PDL_ENV] = "1"
+    with _env(PDL_ENV, "1"):
         active = pdl_launch(torch.device(dev))
         eager = chain(x0)
         x_in = x0.clone()
@@ -303,10 +302,6 @@ def check_pdl_chain(dev: str) -> list[dict]:
             graph.replay()
             torch.cuda.synchronize()
             replays.append(torch.equal(out, want))
-    finally:
-        os.environ.pop(PDL_ENV, None)
-        if saved is not None:
-            os.environ[PDL_ENV] = saved
     ok = torch.equal(eager, want) and all(replays)
     return [{"kernel": "PDL chain (eager, CUDA graph x3)", "dtype": "torch.bfloat16", "pdl_active": active,
              "eager_equal": torch.equal(eager, want), "graph_replays_equal": replays, "ok": ok}]
