@@ -8,13 +8,13 @@ from ocria.plugins.decode_gemm import decode_gemm
 
 def test_pdl_is_opt_in_and_needs_hopper(monkeypatch):
     cuda = torch.device("cuda")
-    monkeypatch.setattr(launch, "_major", lambda index: 9)
+    monkeypatch.setattr(launch, "capability", lambda index: (9, 0))
     monkeypatch.delenv(launch.PDL_ENV, raising=False)
     assert launch.pdl_args(cuda) == {"PDL": False, "launch_pdl": False}
     monkeypatch.setenv(launch.PDL_ENV, "1")
     assert launch.pdl_args(cuda) == {"PDL": True, "launch_pdl": True}
     assert not launch.pdl_launch(torch.device("cpu"))
-    monkeypatch.setattr(launch, "_major", lambda index: 8)  # Ampere: no griddepcontrol
+    monkeypatch.setattr(launch, "capability", lambda index: (8, 9))  # Ada: no griddepcontrol
     assert not launch.pdl_launch(cuda)
 
 

@@ -22,12 +22,13 @@ PDL_ENV = "OCRIA_PDL"
 
 def pdl_launch(device: torch.device) -> bool:
     """Whether a launch on ``device`` uses PDL: ``OCRIA_PDL=1`` and a CUDA GPU of compute capability >= 9."""
-    return device.type == "cuda" and os.environ.get(PDL_ENV, "0") == "1" and _major(device.index) >= 9
+    return device.type == "cuda" and os.environ.get(PDL_ENV, "0") == "1" and capability(device.index) >= (9, 0)
 
 
 @cache
-def _major(index: int | None) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+def capability(index: int | None) -> tuple[int, int]:
+    """A CUDA device's compute capability, asked once (launchers check it on every call)."""
+    return torch.cuda.get_device_capability(index)
 
 
 def pdl_args(device: torch.device) -> dict:

@@ -19,8 +19,6 @@ NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that 
   runs no inline PTX and its dot cannot take bf16).
 """
 
-from functools import cache
-
 import torch
 import triton
 import triton.language as tl
@@ -28,7 +26,7 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.launch import capability, pdl_args, pdl_enter
 from ocria.plugins.switch import opted_in
 
 # $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
@@ -181,12 +179,6 @@ def default_config(M: int, N: int, num_sms: int = 132) -> dict:
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3}
 
 
-@cache
-def _has_e4m3(index: int | None) -> bool:
-    """Triton's E4M3 type (the scale conversion of the PTX path) needs sm_89+; older GPUs unpack as before."""
-    return torch.cuda.get_device_capability(index) >= (8, 9)
-
-
 def nvfp4_gemm_triton(
     x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor, config: dict | None = None
 ) -> Tensor:
@@ -215,7 +207,8 @@ def nvfp4_gemm_triton(
             x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16),
             M, N, K, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
             EVEN_K=K % cfg["BLOCK_K"] == 0,
-            PTX_DEQUANT=x.device.type == "cuda" and _has_e4m3(x.device.index) and opted_in("nvfp4_ptx"),
+            # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack as before
+            PTX_DEQUANT=x.device.type == "cuda" and capability(x.device.index) >= (8, 9) and opted_in("nvfp4_ptx"),
             DOT_F32=x.device.type != "cuda", **cfg, **pdl_args(x.device),
         )
     return y.reshape(*x.shape[:-1], N)
