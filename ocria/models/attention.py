@@ -50,7 +50,7 @@ class GatedAttention(nn.Module):
                 position: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """The layer from its q (with the output gate), k and v projections of the normed input on (the decoder
         layer computes them, folding its norm into their GEMM in decode steps: ``norm_project``). ``position``:
-        ``cache_position`` of the step (computed here when None)."""
+        ``cache_position`` of the step, with a cache (the model computes it once for all its layers)."""
         q, k, v = projections
         B, T, _ = q.shape
         q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
@@ -65,7 +65,7 @@ class GatedAttention(nn.Module):
                 v.transpose(1, 2).repeat_interleave(rep, dim=1), is_causal=True, scale=scale)
         else:
             i = self.cache_index
-            start, rows, pos = position if position is not None else cache_position(cache, slots, T)
+            start, rows, pos = position
             kv_write(cache.k[i], cache.v[i], k, v, rows, pos, use_kernel=self.use_kernel)
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
                                  attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
