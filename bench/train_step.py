@@ -126,7 +126,7 @@ def measure(preset, batch_size: int, device: str, steps: int, profile: bool, wor
     it = iter(batches)
     batch = next(it).to(device)
     forward, backward, update = step_parts(model, opt, batch, device)
-    row = {"batch": batch_size, "seq_len": int(batch.input_ids.shape[1]), "patches": int(batch.pixel_values.shape[0])}
+    row = {"batch": batch_size, "seq_len": int(batch.input_ids.shape[1]), "patches": int(batch.pixel_bytes.shape[0])}
     counts = {}
     for name, part in (("forward", forward), ("backward", backward), ("update", update)):
         with OpCounter() as counter:

@@ -77,7 +77,6 @@ class Processor:
         ids = head + [self.vision_start_id] + [self.image_token_id] * n_image_tokens + [self.vision_end_id] + tail
         return PreparedPrompt(torch.tensor(ids, dtype=torch.long), pixel_values, grid)
 
-
     @cached_property
     def byte_table(self) -> torch.Tensor:
         """[channels, 256] float32: the pixel value ``prepare`` gives byte v of channel c. Read off the image
