@@ -353,9 +353,18 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     # End to end the two agree only to a fraction of the quantization error: wherever an FP8 activation
     # sits within float rounding of a code boundary, the two round it to neighbouring codes, and the
     # random layers amplify each flip (1e-7 -> 6e-3 in one prefill row of layer 1, 14% at layer 7 here).
-    # AWQ adds flipped weight codes (ModelOpt's exporter recomputes the scaled weight's amax one ulp away).
-    assert (ours - fake).abs().max() < 0.25 * quant_error
-    if algorithm == "max":
+    # AWQ adds flipped weight codes (ModelOpt's exporter recomputes the scaled weight's amax one ulp away),
+    # which the shipped trained weights amplify to 0.6 of the quantization error at the logits.
+    assert (ours - fake).abs().max() < (0.25 if algorithm == "max" else 0.75) * quant_error
+    if algorithm == "awq_lite":
+        # So each linear is checked on ModelOpt's own inputs: within 1% of its largest output.
+        with torch.no_grad():
+            for name, pairs in calls.items():
+                for x, want in pairs:
+                    got = loaded.get_submodule(name)(x)
+                    assert (got - want).abs().max() <= 1e-2 * want.abs().max(), name
+        assert len(calls) == len(hooks) > 40
+    else:
         # So the execution is checked linear by linear on ModelOpt's own inputs: every output row equals
         # ModelOpt's to float rounding except rows that hold a flipped activation code (rare).
         executors = {n: m for n, m in loaded.named_modules() if hasattr(m, "dequantized_weight")}

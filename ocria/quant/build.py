@@ -52,7 +52,11 @@ def _auto_quantize(model: OCRiaForConditionalGeneration, recipe: Recipe, samples
 
     modules = dict(model.named_modules())
     searchable = [n for n, f in recipe.formats(modules).items() if f != "bf16"]
-    disabled = [n for n, m in modules.items() if isinstance(m, torch.nn.Linear) and n not in searchable]
+    # Every other module with a weight matrix stays out of the search and its bit accounting: ModelOpt also
+    # searches convolutions (the GDN conv1d, the vision patch embedding), which count as FP8 in its budget
+    # while the export keeps them bf16.
+    disabled = [n for n, m in modules.items()
+                if n not in searchable and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
     formats = list(recipe.auto.formats)
     if not _cuda(model) and "nvfp4" in formats:
         formats.remove("nvfp4")
