@@ -35,20 +35,25 @@ def read_manifest(root: Path) -> dict:
         raise OcriaError(f"{path}: corrupt manifest ({e})") from None
 
 
+def verify_files(root: Path, files: dict[str, dict], what: str) -> None:
+    """Check every listed file's size and sha256 under ``root``; ``what`` names the list in errors."""
+    for rel, entry in files.items():
+        path = root / rel
+        if not path.is_file():
+            raise OcriaError(f"{path}: file listed in the {what} is missing")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise OcriaError(f"{path}: size {size} bytes differs from the {what}'s {entry['bytes']} (truncated?)")
+        if sha256_file(path) != entry["sha256"]:
+            raise OcriaError(f"{path}: sha256 differs from the {what} (file changed)")
+
+
 def verify_engine(root: Path) -> dict:
     """Check every listed file's size and sha256; refuse missing, truncated, changed or extra files."""
     root = Path(root)
     manifest = read_manifest(root)
     files = manifest.get("files", {})
-    for rel, entry in files.items():
-        path = root / rel
-        if not path.is_file():
-            raise OcriaError(f"{path}: file listed in the engine manifest is missing")
-        size = path.stat().st_size
-        if size != entry["bytes"]:
-            raise OcriaError(f"{path}: size {size} bytes differs from the manifest's {entry['bytes']} (truncated?)")
-        if sha256_file(path) != entry["sha256"]:
-            raise OcriaError(f"{path}: sha256 differs from the engine manifest (file changed)")
+    verify_files(root, files, "engine manifest")
     extra = sorted(set(file_table_names(root)) - set(files))
     if extra:
         raise OcriaError(f"{root / extra[0]}: file is not listed in the engine manifest")

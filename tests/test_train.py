@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from ocria.builder.presets import CONFIG_DIR, load_preset
+from ocria.builder.presets import CONFIG_DIR, SHIPPED, load_preset, preset_checkpoints
 from ocria.data import generate
-from ocria.errors import OcriaError
+from ocria.errors import ConfigError, OcriaError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
 from ocria.models.gdn import gated_delta_rule
 from ocria.plugins.replay_ssm.reference import delta_step, l2norm
@@ -485,12 +485,25 @@ def test_export_loads_unchanged_and_ships(tiny_preset, tmp_path, batch):
         n = int(batch.image_grid_thw[0].prod())
         args = (batch.input_ids[:1, :100], batch.pixel_values[:n], batch.image_grid_thw[:1])
         assert torch.allclose(loaded(*args), target(*args), atol=1e-5)
-    assets = tmp_path / "assets"
-    assets.mkdir()
-    ship(tmp_path / "target", tmp_path / "drafter", assets)
-    assert (assets / "target" / "model.safetensors").read_bytes() == (tmp_path / "target" / "model.safetensors"
-                                                                       ).read_bytes()
-    DFlash2Drafter.from_pretrained(assets / "drafter", OCRiaForConditionalGeneration.from_pretrained(assets / "target"))
+    preset = dataclasses.replace(load_preset(tiny_preset), assets=tmp_path / "assets")
+    preset.assets.mkdir()
+    ship(tmp_path / "target", tmp_path / "drafter", preset, {"results": {"cer_ar": 0.5}})
+    assert (preset.assets / "target" / "model.safetensors").read_bytes() == (
+        tmp_path / "target" / "model.safetensors").read_bytes()
+    record = json.loads((preset.assets / SHIPPED).read_text())
+    assert record["preset"] == preset.name and record["training"]["results"]["cer_ar"] == 0.5
+    assert sorted(record["files"]) == ["drafter/config.json", "drafter/model.safetensors", "target/config.json",
+                                       "target/model.safetensors"]
+    assert preset_checkpoints(preset, tmp_path / "unused") == (preset.assets / "target", preset.assets / "drafter")
+    other = dataclasses.replace(preset, name="another")  # borrowed assets: seeded weights, not these
+    assert preset_checkpoints(other, tmp_path / "seeded")[0] == tmp_path / "seeded" / "target"
+    weights = preset.assets / "drafter" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    with pytest.raises(ConfigError, match="drafter/model.safetensors: size"):
+        preset_checkpoints(preset, tmp_path / "unused")
+    (preset.assets / SHIPPED).unlink()
+    with pytest.raises(ConfigError, match="trained weights without SHIPPED.json"):
+        preset_checkpoints(preset, tmp_path / "unused")
 
 
 def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsys):

@@ -10,12 +10,14 @@ from safetensors.torch import save_file
 
 import ocria
 from ocria.errors import ConfigError
+from ocria.manifest import verify_files
 from ocria.models import DFlash2Drafter, DrafterConfig, OCRiaConfig, OCRiaForConditionalGeneration
 from ocria.models.init import random_init
 
 PACKAGE_DIR = Path(ocria.__file__).resolve().parent
 CONFIG_DIR = PACKAGE_DIR.parent / "configs"
 ASSETS_DIR = PACKAGE_DIR / "assets"
+SHIPPED = "SHIPPED.json"  # beside trained target/ and drafter/: their preset, file table and training record
 
 
 @dataclass
@@ -66,12 +68,34 @@ def save_drafter(model: DFlash2Drafter, directory: Path, dtype: torch.dtype) -> 
     return _save_hf(directory, model.config.to_hf(), {n: p.to(dtype) for n, p in model.named_parameters()})
 
 
+def shipped_checkpoints(preset: Preset) -> tuple[Path, Path] | None:
+    """The trained target/ and drafter/ in the preset's assets, checked against their ``SHIPPED.json``; None
+    when the assets ship no weights or ship them for another preset (ocria-1-sim borrows ocria-mini's
+    tokenizer, not its weights)."""
+    assets = preset.assets
+    record_path = assets / SHIPPED
+    if not (assets / "target").is_dir() and not record_path.is_file():
+        return None
+    if not record_path.is_file():
+        raise ConfigError(f"{assets / 'target'}: trained weights without {record_path.name} "
+                          "(ship them with python -m ocria.train ship)")
+    try:
+        record = json.loads(record_path.read_text())
+        preset_name, files = record["preset"], record["files"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
+        raise ConfigError(f"{record_path}: malformed ({e})") from None
+    if preset_name != preset.name:
+        return None
+    verify_files(assets, files, record_path.name)
+    return assets / "target", assets / "drafter"
+
+
 def preset_checkpoints(preset: Preset, workdir: Path) -> tuple[Path, Path]:
     """The one path from a preset to weights: shipped trained checkpoints if the assets hold them,
     otherwise deterministic seeded weights written to ``workdir``."""
-    shipped_target, shipped_drafter = preset.assets / "target", preset.assets / "drafter"
-    if (shipped_target / "config.json").is_file() and (shipped_drafter / "config.json").is_file():
-        return shipped_target, shipped_drafter
+    shipped = shipped_checkpoints(preset)
+    if shipped is not None:
+        return shipped
     target, drafter = random_models(preset, "cpu")
     return (save_target(target, workdir / "target", torch.bfloat16),
             save_drafter(drafter, workdir / "drafter", torch.bfloat16))

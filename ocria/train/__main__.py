@@ -4,6 +4,7 @@
     python -m ocria.train status --state .train
     python -m ocria.train probe --state .train --docs 8                    # CPU: greedy CER of its target now
     python -m ocria.train ship --state .train                              # into ocria/assets/ocria-mini
+    python -m ocria.train eval --engine engines/ocria-mini --docs 64       # CER, tau, spec == ar of a built engine
 """
 
 import argparse
@@ -14,8 +15,9 @@ from pathlib import Path
 from ocria.builder.presets import load_preset
 from ocria.data import SynthConfig
 from ocria.errors import OcriaError
+from ocria.runtime.engine import Engine
 from ocria.train import checkpoint as ckpt
-from ocria.train.evaluate import probe_state
+from ocria.train.evaluate import evaluate, heldout_pngs, probe_state
 from ocria.train.export import ship
 from ocria.train.run import Run, TrainConfig, mirror, utc_now
 
@@ -44,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("ship", help="copy the trained target/ and drafter/ into the preset's assets")
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--preset", default="ocria-mini")
+    e = sub.add_parser("eval", help="CER (ar), tau and spec == ar of a built engine on held-out documents")
+    e.add_argument("--engine", type=Path, required=True, help="engine directory (ocria-build engine)")
+    e.add_argument("--docs", type=int, default=64, help="held-out documents (the first N)")
+    e.add_argument("--max-tokens", type=int, default=384)
+    e.add_argument("--batch", type=int, default=16, help="requests decoded together")
+    e.add_argument("--device", default="cpu")
+    e.add_argument("--out", type=Path, help="also write the result as JSON (with date and command)")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     try:
@@ -65,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(result, indent=1, ensure_ascii=False))
             if args.out is not None:
                 ckpt.write_json(args.out, result)
+        elif args.cmd == "eval":
+            engine = Engine(args.engine, device=args.device)
+            result = {"date": utc_now(), "command": "python -m ocria.train " + " ".join(argv),
+                      "engine": str(args.engine), "device": args.device, "dtype": str(engine.dtype),
+                      **evaluate(engine, heldout_pngs(args.docs), args.max_tokens, args.batch)}
+            print(json.dumps(result, indent=1))
+            if args.out is not None:
+                ckpt.write_json(args.out, result)
         elif args.cmd == "status":
             run = ckpt.read_run(args.state)
             if run is None:
@@ -74,9 +91,11 @@ def main(argv: list[str] | None = None) -> int:
                               "results": run["results"], "calls": len(run["calls"])}, indent=1))
         else:
             state = args.state
-            if (ckpt.read_run(state) or {}).get("stage") != "done":
+            run = ckpt.read_run(state) or {}
+            if run.get("stage") != "done":
                 raise OcriaError(f"{state}: the run is not done yet (python -m ocria.train status --state {state})")
-            for path in ship(state / "target", state / "drafter", load_preset(args.preset).assets):
+            training = {k: run[k] for k in ("config", "seeds", "stages", "results", "calls")}
+            for path in ship(state / "target", state / "drafter", load_preset(args.preset), training):
                 print(path)
     except OcriaError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,13 +1,16 @@
 """Export trained models as HF directories (config.json + bf16 model.safetensors), replaced atomically."""
 
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
 
 import torch
 
-from ocria.builder.presets import save_drafter, save_target
+from ocria.builder.presets import SHIPPED, Preset, save_drafter, save_target
 from ocria.errors import OcriaError
+from ocria.manifest import file_table
 from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
 
 MAX_SHIPPED_BYTES = 24 * 1000 * 1000
@@ -40,18 +43,25 @@ def shipped_bytes(*directories: Path) -> int:
     return sum(f.stat().st_size for d in directories for f in Path(d).glob("*.safetensors"))
 
 
-def ship(target_dir: Path, drafter_dir: Path, assets: Path) -> tuple[Path, Path]:
-    """Copy trained target + drafter into the preset's assets (``assets/target``, ``assets/drafter``)
-    after checking they load and fit the size budget."""
+def ship(target_dir: Path, drafter_dir: Path, preset: Preset, training: dict) -> tuple[Path, Path, Path]:
+    """Copy trained target + drafter into the preset's assets (``target/``, ``drafter/``) after checking they
+    load and fit the size budget, then write ``SHIPPED.json``: the preset, every file's sha256 (the builder
+    refuses changed files) and ``training``, the run's record."""
     total = shipped_bytes(target_dir, drafter_dir)
     if total > MAX_SHIPPED_BYTES:
         raise OcriaError(f"trained weights are {total} bytes, over the {MAX_SHIPPED_BYTES}-byte budget")
     target = OCRiaForConditionalGeneration.from_pretrained(target_dir)
     DFlash2Drafter.from_pretrained(drafter_dir, target)
+    assets = Path(preset.assets)
     out = []
     for src, name in ((target_dir, "target"), (drafter_dir, "drafter")):
         tmp = Path(tempfile.mkdtemp(dir=assets, prefix=f".{name}."))
         for f in ("config.json", "model.safetensors"):
             shutil.copy2(Path(src) / f, tmp / f)
-        out.append(_replace_dir(tmp, Path(assets) / name))
-    return out[0], out[1]
+        out.append(_replace_dir(tmp, assets / name))
+    files = {f"{d.name}/{rel}": entry for d in out for rel, entry in file_table(d).items()}
+    record = assets / SHIPPED
+    tmp = record.with_name(f".{SHIPPED}.tmp")
+    tmp.write_text(json.dumps({"preset": preset.name, "files": files, "training": training}, indent=1) + "\n")
+    os.replace(tmp, record)
+    return out[0], out[1], record
