@@ -8,10 +8,13 @@ import pytest
 from PIL import Image
 
 from ocria.builder.engine import build_engine
+from ocria.builder.presets import SHIPPED, load_preset, shipped_checkpoints
 from ocria.cli import build_main, main
+from ocria.data.metrics import edit_distance
 from ocria.runtime import load_engine
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
+EXAMPLES = Path(__file__).parent.parent / "examples"
+EXAMPLE = EXAMPLES / "report.png"
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +87,35 @@ def test_run_json(engine_dir, capsys):
     assert main(["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), "--max-tokens", "6", "--json",
                  "--mode", "ar"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
+
+
+def test_shipped_weights_match_their_record(engine_dir):
+    preset = load_preset("ocria-mini")
+    record = json.loads((preset.assets / SHIPPED).read_text())
+    assert shipped_checkpoints(preset) == (preset.assets / "target", preset.assets / "drafter")  # sha256 checked
+    assert sum(e["bytes"] for e in record["files"].values()) <= 24 * 1000 * 1000
+    assert record["training"]["stages"]["target"]["steps"] > 0 and record["training"]["results"]["docs"] > 0
+    sources = json.loads((engine_dir / "manifest.json").read_text())["sources"]
+    for name in ("target", "drafter"):
+        for rel, entry in sources[name]["files"].items():
+            assert record["files"][f"{name}/{rel}"] == entry  # the default engine is built from them
+
+
+def test_default_engine_reads_the_examples(engine_dir, capsys):
+    """The shipped trained pair on CPU: report.png exactly, every example within 2% CER, spec == ar."""
+    for name in ("report", "checklist", "invoice_table"):
+        truth = (EXAMPLES / f"{name}.md").read_text().rstrip("\n")
+        outs = {}
+        for mode in ("spec", "ar"):
+            args = ["run", "--engine", str(engine_dir), "--image", str(EXAMPLES / f"{name}.png"), "--max-tokens",
+                    "256", "--json", "--mode", mode]
+            assert main(args) == 0
+            outs[mode] = json.loads(capsys.readouterr().out)
+        assert outs["spec"]["token_ids"] == outs["ar"]["token_ids"], name
+        text = outs["spec"]["text"]
+        assert edit_distance(text, truth) <= 0.02 * len(truth), (name, text)
+        if name == "report":
+            assert text == truth
 
 
 def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
