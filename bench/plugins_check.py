@@ -37,9 +37,8 @@ from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
 from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
 from ocria.plugins.sigmoid_gate import sigmoid_gate, sigmoid_gate_reference
 from ocria.plugins.silu_quant import silu_mul_quant
-from ocria.plugins.silu_quant.kernel import default_config, silu_mul_quant_triton
 from ocria.plugins.silu_quant.reference import silu_mul_quant_reference
-from ocria.plugins.switch import ENABLE_ENV
+from ocria.plugins.switch import DISABLE_ENV
 
 
 def _fused_views(*parts: torch.Tensor) -> list[torch.Tensor]:
@@ -175,11 +174,13 @@ NVFP4_SHAPES = ((16, 2048, 6144), (5, 12288, 2048), (1, 65536, 256), (40, 2048, 
 
 
 def check_nvfp4_gemm(dev: str, shapes: tuple = NVFP4_SHAPES) -> list[dict]:
-    """Both code paths of the NVFP4 GEMM (integer unpacking; the opt-in PTX dequantization, ``nvfp4_ptx``)."""
+    """Both code paths of the NVFP4 GEMM: integer unpacking (``OCRIA_DISABLE_KERNELS=nvfp4_ptx``) and the default
+    PTX dequantization (sm_89+; older GPUs unpack with integers in both rows)."""
     rows = []
     for ptx in (False, True):
-        with _env(ENABLE_ENV, "nvfp4_ptx" if ptx else None):
-            rows.append(dict(_check_nvfp4_gemm(dev, shapes), kernel="nvfp4_gemm" + (" (nvfp4_ptx)" if ptx else "")))
+        with _env(DISABLE_ENV, None if ptx else "nvfp4_ptx"):
+            rows.append(dict(_check_nvfp4_gemm(dev, shapes),
+                             kernel="nvfp4_gemm" + ("" if ptx else " (integer unpacking)")))
     return rows
 
 
@@ -252,17 +253,14 @@ def check_silu_quant(dev: str) -> list[dict]:
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
     scale = torch.tensor(0.02, device=dev)
     rows = []
-    cases = [("bf16", None, False), ("fp8_static", scale, False), ("fp8_dynamic", None, False), ("nvfp4", scale, False),
-             ("fp8_static", scale, True), ("fp8_dynamic", None, True)]  # True: the opt-in PTX convert (e4m3_cvt)
-    for mode, s, hw in cases:
-        cfg = {**default_config(mode, gate_up.shape[0], gate_up.shape[1] // 2), "hw_e4m3": hw}
-        out, scales = silu_mul_quant_triton(gate_up, mode, s, cfg)
+    for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale)):
+        out, scales = silu_mul_quant(gate_up, mode, s, use_kernel=True)
         ref, ref_scales = silu_mul_quant_reference(gate_up, mode, s)
         bad = int((out.view(torch.uint8) != ref.view(torch.uint8)).sum())
         if scales is not None:
             bad += int((scales.contiguous().view(torch.uint8) != ref_scales.contiguous().view(torch.uint8)).sum())
-        rows.append({"kernel": f"silu_mul_quant {mode}" + (" (e4m3_cvt)" if hw else ""), "dtype": "torch.bfloat16",
-                     "mismatched_bytes": bad, "tolerance": 0, "ok": bad == 0})
+        rows.append({"kernel": f"silu_mul_quant {mode}", "dtype": "torch.bfloat16", "mismatched_bytes": bad,
+                     "tolerance": 0, "ok": bad == 0})
     return rows
 
 

@@ -25,8 +25,7 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
     """One gated bf16 launch of ``mode`` at width n with ``cfg`` (keys of ``default_config``)."""
     block_n, chunks, passes = tiling(mode, n, cfg)
     consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_EXP=cfg["fast_exp"],
-                  NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks,
-                  HW_E4M3=cfg.get("hw_e4m3", False), PDL=False)
+                  NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks, PDL=False)
     types = dict(TYPES, out_ptr="*i16" if mode == "bf16" else "*u8",
                  out_scale_ptr="*u8" if mode == "nvfp4" else "*fp32")
     out = compile_sm90(_silu_mul_quant_kernel, types, consts, cfg["num_warps"], divisible_by_16=DIVISIBLE_BY_16)
@@ -48,18 +47,13 @@ def main() -> None:
     rows = []
     for n in args.widths:
         for mode in MODE_IDS:
-            configs = per_token if mode == "fp8_dynamic" else [default_config(mode, 4096, n)]
-            if mode.startswith("fp8"):  # and FP8 bytes by PTX's convert (opt-in e4m3_cvt)
-                configs = configs + [{**configs[0], "hw_e4m3": True}]
-            for cfg in configs:
+            for cfg in per_token if mode == "fp8_dynamic" else [default_config(mode, 4096, n)]:
                 rows.append(stats(mode, n, cfg))
     save_json(compile_report(rows), args.out)
-    print(f"{'N':>6} {'mode':12} {'tile':>12} {'warps':>5} {'passes':>6} {'cvt':>4} {'regs':>4} {'spill B':>7} "
-          f"{'instr/elem':>10}")
+    print(f"{'N':>6} {'mode':12} {'tile':>12} {'warps':>5} {'passes':>6} {'regs':>4} {'spill B':>7} {'instr/elem':>10}")
     for r in rows:
         print(f"{r['width']:>6} {r['mode']:12} {'x'.join(map(str, r['tile'])):>12} {r['config']['num_warps']:>5} "
-              f"{r['passes']:>6} {'yes' if r['config'].get('hw_e4m3') else 'no':>4} {r['registers']:>4} "
-              f"{r['spill_store_bytes']:>7} "
+              f"{r['passes']:>6} {r['registers']:>4} {r['spill_store_bytes']:>7} "
               f"{r['instructions_per_element']:>10.1f}")
 
 

@@ -8,7 +8,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in th
 import pytest
 import torch
 
-from ocria.errors import CheckpointError
+from ocria.errors import CheckpointError, OcriaError
 from ocria.plugins import numerics as nx
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 from ocria.plugins.fp4_gemm.kernel import nvfp4_gemm_triton
@@ -50,6 +50,20 @@ def test_nvfp4_gemm_rejects_mismatched_weight():
     packed, scales, gs = _nvfp4_weight(32, 64)
     with pytest.raises(ValueError, match="do not match"):
         nvfp4_gemm_triton(torch.randn(2, 128).to(torch.bfloat16), packed, scales, gs)
+
+
+def test_nvfp4_ptx_is_on_by_default_and_set_aside_by_name(monkeypatch):
+    """The PTX dequantization is a default path now: OCRIA_DISABLE_KERNELS=nvfp4_ptx (the documented way back to
+    integer unpacking) must parse, and it can no longer be named as opt-in."""
+    from ocria.plugins.switch import disabled_kernels, enabled_kernels
+
+    monkeypatch.delenv("OCRIA_DISABLE_KERNELS", raising=False)
+    assert "nvfp4_ptx" not in disabled_kernels()
+    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "nvfp4_ptx")
+    assert "nvfp4_ptx" in disabled_kernels()
+    monkeypatch.setenv("OCRIA_ENABLE_KERNELS", "nvfp4_ptx")
+    with pytest.raises(OcriaError, match="unknown kernel 'nvfp4_ptx'"):
+        enabled_kernels()
 
 
 mtq = pytest.importorskip("modelopt.torch.quantization")

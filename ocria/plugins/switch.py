@@ -7,20 +7,22 @@ import torch
 
 from ocria.errors import OcriaError
 
+# nvfp4_ptx: a code path, not a kernel: the NVFP4 GEMM's PTX dequantization (CUDA, sm_89+), on by default since
+# the H200 run of 2026-11-30 (bench/results/quant_gemm_h200_run3.json); OCRIA_DISABLE_KERNELS=nvfp4_ptx unpacks
+# with integers as before.
 KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm",
-           "decode_gemm_norm", "kv_write", "sigmoid_gate")
+           "decode_gemm_norm", "kv_write", "sigmoid_gate", "nvfp4_ptx")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
 # Off unless named in OCRIA_ENABLE_KERNELS. decode_gemm_norm: the norm folded into the GEMM made the H200's
 # bf16 decode step slower (bench/results/e2e_h200_norm_fold.json against e2e_h200_no_norm_fold.json).
-# nvfp4_ptx (the NVFP4 GEMM's PTX dequantization) and e4m3_cvt (SiLU-quant's FP8 bytes by PTX's convert):
-# code paths inside their kernels that no GPU has checked against the reference yet (bench/plugins_check.py).
-OPT_IN = ("decode_gemm_norm", "nvfp4_ptx", "e4m3_cvt")
+OPT_IN = ("decode_gemm_norm",)
 ENABLE_ENV = "OCRIA_ENABLE_KERNELS"
 
 
 def disabled_kernels() -> frozenset[str]:
-    """Kernels named in ``OCRIA_DISABLE_KERNELS`` (comma-separated): their default becomes the reference,
-    so one misbehaving kernel on a new GPU or Triton can be set aside without losing the others."""
+    """Kernels named in ``OCRIA_DISABLE_KERNELS`` (comma-separated): their default becomes the reference
+    (``nvfp4_ptx``: integer unpacking), so one misbehaving kernel on a new GPU or Triton can be set aside without
+    losing the others."""
     return _parse_names(DISABLE_ENV, os.environ.get(DISABLE_ENV, ""), KERNELS)
 
 
@@ -50,8 +52,3 @@ def kernel_enabled(device: torch.device, use_kernel: bool | None = None, name: s
         if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
             raise OcriaError(f"plugin kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
     return use_kernel
-
-
-def opted_in(name: str) -> bool:
-    """Whether the opt-in kernel or code path ``name`` (one of ``OPT_IN``) is named in ``OCRIA_ENABLE_KERNELS``."""
-    return name in enabled_kernels()

@@ -9,14 +9,16 @@ as ``e2m1 * 2^-126`` (the zero-exponent codes 0 and 0.5 land on subnormals with 
 times ``block_scale * 2^100`` (a normal number, exact in fp32 and bf16; the NaN codes 0x7F/0xFF give
 NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that is the value above.
 
-- ``PTX_DEQUANT`` (CUDA, sm_89+; opt-in with ``OCRIA_ENABLE_KERNELS=nvfp4_ptx`` until an H200 run of
-  bench/plugins_check.py has compared it with the reference): ``_DEQUANT_ASM`` builds the bf16 bit patterns of two codes
-  per 32-bit register and applies the scale with one ``fma.rn.bf16x2`` (``v * s + -0``: the product,
-  rounded once, so exact; bf16 arithmetic keeps subnormal inputs) per two weights. The scale is
-  Triton's E4M3 -> fp32 conversion (the hardware's, exact) times 2^100, rounded to bf16 (exact).
-- Otherwise, as before this path existed: the same values in fp32 from integer unpacking, cast to
-  bf16 for the tensor cores, or kept in fp32 for a fp32 dot in the CPU interpreter (``DOT_F32``: it
-  runs no inline PTX and its dot cannot take bf16).
+- ``PTX_DEQUANT`` (CUDA, sm_89+): ``_DEQUANT_ASM`` builds the bf16 bit patterns of two codes per 32-bit
+  register and applies the scale with one ``fma.rn.bf16x2`` (``v * s + -0``: the product, rounded once, so
+  exact; bf16 arithmetic keeps subnormal inputs) per two weights. The scale is Triton's E4M3 -> fp32
+  conversion (the hardware's, exact) times 2^100, rounded to bf16 (exact). On by default since the H200 run
+  of 2026-11-30, bench/results/quant_gemm_h200_run3.json (M=1: lm_head 518 -> 203 us, mlp_down 57.5 -> 12.0
+  us; bench/results/plugins_check_h200.json: the same error against the reference as the integer path);
+  OCRIA_DISABLE_KERNELS=nvfp4_ptx unpacks with integers as before.
+- Otherwise (GPUs before sm_89, ``nvfp4_ptx`` disabled, the CPU interpreter): the same values in fp32 from
+  integer unpacking, cast to bf16 for the tensor cores, or kept in fp32 for a fp32 dot in the CPU interpreter
+  (``DOT_F32``: it runs no inline PTX and its dot cannot take bf16).
 """
 
 import torch
@@ -27,7 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
-from ocria.plugins.switch import opted_in
+from ocria.plugins.switch import disabled_kernels
 
 # $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
 # each with the sign in bit 3; $5 the bf16 scale of each word. Output $j is the bf16x2 pair
@@ -207,8 +209,9 @@ def nvfp4_gemm_triton(
             x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16),
             M, N, K, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
             EVEN_K=K % cfg["BLOCK_K"] == 0,
-            # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack as before
-            PTX_DEQUANT=x.device.type == "cuda" and capability(x.device.index) >= (8, 9) and opted_in("nvfp4_ptx"),
+            # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack with integers
+            PTX_DEQUANT=(x.device.type == "cuda" and capability(x.device.index) >= (8, 9)
+                         and "nvfp4_ptx" not in disabled_kernels()),
             DOT_F32=x.device.type != "cuda", **cfg, **pdl_args(x.device),
         )
     return y.reshape(*x.shape[:-1], N)

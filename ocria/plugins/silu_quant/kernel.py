@@ -10,9 +10,9 @@ H200 run of a variant with the ``tl.float8e4nv`` convert (bench/results/silu_qua
 two faults: per-token rows whose scale was NaN or inf lost their NaN in ``min(q, 448)`` (all of rows 6
 and 7 of the random input: 12287 bytes), and quotients just above an E4M3 midpoint rounded down (128 of
 the 256 ``e2m1_ties`` at scale 0.02), as a convert through fp16 would. Hence the FMA quotient only for
-tiles whose scales are all finite and in range (other tiles divide), and E4M3 bytes either built by hand
-(~15 instructions) or, ``hw_e4m3``, by PTX's direct fp32 convert ``cvt.rn.satfinite.e4m3x2.f32`` (one rounding,
-saturation at 448 like the reference) with NaN bytes put back by hand (their sign is the reference's).
+tiles whose scales are all finite and in range (other tiles divide), and E4M3 bytes built by hand: PTX's
+direct fp32 convert ``cvt.rn.satfinite.e4m3x2.f32`` gave the same bytes on the H200 but no speed (FP8
+static 1.63-1.92x the memory floor with it, bench/results/silu_quant_h200_run5.json; 1.56-1.88x without, run4).
 ``exp`` is libdevice's ``expf`` on the GPU (what PyTorch's CUDA silu calls) and numpy's in the
 interpreter; both agree with PyTorch after rounding silu to bf16 (the CPU tests and
 bench/silu_quant.py on the H200 check every bf16 gate value).
@@ -29,7 +29,6 @@ from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.numerics import NVFP4_BLOCK
 from ocria.plugins.rounding import round_to_dtype, widen
-from ocria.plugins.switch import opted_in
 
 MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
 
@@ -67,15 +66,6 @@ def _e4m3_code(t):
 
 
 @triton.jit
-def _e4m3_byte_hw(t):
-    """fp32 -> E4M3 byte (int32) by the hardware's single RNE convert from fp32, saturating at 448 as
-    ``_e4m3_code`` does; NaN as ``_e4m3_code`` writes it (0x7F with t's sign: the hardware's is canonical)."""
-    b = tl.inline_asm_elementwise("{ .reg .b16 h; cvt.rn.satfinite.e4m3x2.f32 h, 0f00000000, $1; cvt.u32.u16 $0, h; }",
-                                  "=r,r", [t], dtype=tl.int32, is_pure=True, pack=1)
-    return tl.where(t != t, 0x7F | ((t.to(tl.int32, bitcast=True) >> 24) & 0x80), b & 0xFF)
-
-
-@triton.jit
 def _e2m1_code(t):
     """fp32 -> 4-bit E2M1 code (int32): RNE on {0, .5, 1, 1.5, 2, 3, 4, 6}, NaN/inf -> 7 (+ sign)."""
     a = tl.abs(t)
@@ -106,7 +96,7 @@ def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constex
 
 
 @triton.jit
-def _e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr, HW_E4M3: tl.constexpr):
+def _e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr):
     """E4M3 bytes of RN(h / row_scale) (h [BLOCK_M, BLOCK_N], row_scale [BLOCK_M]). On the GPU, when every row's
     scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``_quotient`` on |h| (clamped
     at 480 x scale, which saturates anyway), the sign and NaN put back; other scales (0, inf, NaN, extremes)
@@ -124,8 +114,6 @@ def _e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr, HW_E4M3: tl.constexpr):
             t = tl.math.div_rn(h, tl.zeros_like(h) + s)
     else:
         t = tl.math.div_rn(h, tl.zeros_like(h) + s)
-    if ON_GPU and HW_E4M3:
-        return _e4m3_byte_hw(t).to(tl.uint8)
     code, _ = _e4m3_code(t)
     return code.to(tl.uint8)
 
@@ -151,7 +139,7 @@ def _silu_mul_quant_kernel(
     M, N, stride_xm, stride_om, stride_sm,
     MODE: tl.constexpr, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
     FAST_EXP: tl.constexpr, NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-    HW_E4M3: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic, 3 nvfp4. IS_BF16: x (and the bf16 output) travel as
     # int16 bits, widened by a shift, exactly, also for subnormals where the interpreter's bf16 <-> fp32
@@ -189,7 +177,7 @@ def _silu_mul_quant_kernel(
                     if MODE == 2 and NPASS == 1:  # the row is this one tile: its scale first
                         row_scale = _token_scale(h32, mask)
                         tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
-                    tl.store(out_ptr + o_offs, _e4m3_bytes(h32, row_scale, ON_GPU, HW_E4M3), mask=mask)
+                    tl.store(out_ptr + o_offs, _e4m3_bytes(h32, row_scale, ON_GPU), mask=mask)
                 else:
                     NB: tl.constexpr = BLOCK_N // 16
                     hb = tl.reshape(h32, [BLOCK_M, NB, 16])
@@ -232,17 +220,13 @@ def default_config(mode: str, M: int, N: int) -> dict:
     """Rows x columns per program and warps: the fastest per mode of the sweep at 4096 x 12288 in
     bench/results/silu_quant_h200_run4.json (run 3 picked the same but for FP8 static, 4% faster there with
     1024-wide tiles of 4 warps), with libdevice ``fast_expf``, which gave PyTorch's bytes for every bf16 gate
-    value. ``hw_e4m3``: FP8 bytes by PTX's convert, opt-in (``OCRIA_ENABLE_KERNELS=e4m3_cvt``) until an H200 run
-    checks them byte for byte. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h once;
-    wider rows walk their chunks twice: amax, then bytes, which at 12288 columns beat one whole-row tile at any
-    warp count)."""
+    value. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h once; wider rows walk their
+    chunks twice: amax, then bytes, which at 12288 columns beat one whole-row tile at any warp count)."""
     if mode == "fp8_dynamic":
-        return {"block_m": 1, "block_n": 4096 if N > 4096 else 0, "num_warps": 8, "fast_exp": True,
-                "hw_e4m3": opted_in("e4m3_cvt")}
+        return {"block_m": 1, "block_n": 4096 if N > 4096 else 0, "num_warps": 8, "fast_exp": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
-    return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True,
-            "hw_e4m3": opted_in("e4m3_cvt")}
+    return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True}
 
 
 def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
@@ -294,7 +278,6 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
             x_arg, out_arg, scale if scale is not None else out, out_scale if out_scale is not None else out,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
             MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
-            HW_E4M3=cfg.get("hw_e4m3", False),
             NPASS=passes,
             BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"], **pdl_args(dev),
         )
