@@ -157,8 +157,9 @@ def test_client_command_streams_and_prints_json(server, expected, capsys):
 def test_32_concurrent_streams_each_get_their_own_output(server, image):
     client = Client(server.url, timeout_s=120)
 
+    # temperature 4: the trained ocria-mini is confident, and at 0.9 most seeds read the page alike
     def run(seed: int) -> tuple[str, bool]:
-        chunks = list(client.generate(image, stream=True, temperature=0.9, seed=seed, max_tokens=12))
+        chunks = list(client.generate(image, stream=True, temperature=4.0, seed=seed, max_tokens=12))
         return "".join(c.text for c in chunks), chunks[-1].final
 
     alone = [run(seed) for seed in range(32)]

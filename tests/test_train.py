@@ -499,7 +499,7 @@ def test_export_loads_unchanged_and_ships(tiny_preset, tmp_path, batch):
     assert preset_checkpoints(other, tmp_path / "seeded")[0] == tmp_path / "seeded" / "target"
     weights = preset.assets / "drafter" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8])
-    with pytest.raises(ConfigError, match="drafter/model.safetensors: size"):
+    with pytest.raises(OcriaError, match="drafter/model.safetensors: size"):
         preset_checkpoints(preset, tmp_path / "unused")
     (preset.assets / SHIPPED).unlink()
     with pytest.raises(ConfigError, match="trained weights without SHIPPED.json"):
