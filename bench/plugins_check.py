@@ -27,7 +27,14 @@ import torch
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
-from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp32, decode_gemm_norm, decode_gemm_norm_fp32
+from ocria.plugins.decode_gemm import (
+    decode_gemm,
+    decode_gemm_fp8_fp32,
+    decode_gemm_fp8_triton,
+    decode_gemm_fp32,
+    decode_gemm_norm,
+    decode_gemm_norm_fp32,
+)
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 from ocria.plugins.kv_write import kv_write, kv_write_reference
 from ocria.plugins.launch import PDL_ENV, pdl_launch
@@ -166,6 +173,24 @@ def check_decode_gemm(dev: str, norm: bool) -> dict:
     return {"kernel": "decode_gemm_norm" if norm else "decode_gemm", "dtype": "torch.bfloat16",
             "max_rel_err": max(errs), "tolerance": tol, "rows_batch_invariant": invariant,
             "residual_sum_exact": sums_exact, "ok": max(errs) <= tol and invariant and sums_exact}
+
+
+def check_decode_gemm_fp8(dev: str) -> dict:
+    """The FP8 decode GEMM (opt-in ``decode_gemm_fp8``) against its exact math on two ocria-1-sim weights, per-token
+    activation scales and per-column weight scales, 16 rows and each row alone."""
+    g = torch.Generator(dev).manual_seed(5)
+    errs, invariant = [], True
+    for N, K in ((2048, 4096), (5120, 2048)):
+        w = (torch.randn(N, K, generator=g, device=dev) * 40).to(torch.float8_e4m3fn)
+        q = (torch.randn(16, K, generator=g, device=dev) * 40).to(torch.float8_e4m3fn)
+        sx = torch.rand(16, 1, generator=g, device=dev) * 1e-2
+        sw = torch.rand(N, generator=g, device=dev) * 1e-3
+        block = decode_gemm_fp8_triton(q, w, sx, sw)
+        errs.append(_rel(block, decode_gemm_fp8_fp32(q, w, sx, sw)))
+        invariant &= all(torch.equal(decode_gemm_fp8_triton(q[m:m + 1], w, sx[m:m + 1], sw)[0], block[m])
+                         for m in (0, 7, 15))
+    return {"kernel": "decode_gemm_fp8", "dtype": "torch.float8_e4m3fn", "max_rel_err": max(errs), "tolerance": 1e-2,
+            "rows_batch_invariant": invariant, "ok": max(errs) <= 1e-2 and invariant}
 
 
 # (M, N, K): one per default tile configuration: 16-row tiles with K split over the warps (a K tail too), 64-row
@@ -314,7 +339,8 @@ def main() -> int:
     rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
-            check_decode_gemm(dev, True), *check_nvfp4_gemm(dev), check_kv_write(dev), check_sigmoid_gate(dev),
+            check_decode_gemm(dev, True), check_decode_gemm_fp8(dev),
+            *check_nvfp4_gemm(dev), check_kv_write(dev), check_sigmoid_gate(dev),
             *check_pdl_chain(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,

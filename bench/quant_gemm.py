@@ -9,6 +9,7 @@ Rows per shape and M:
   bf16        F.linear with bf16 weights (cuBLAS)
   fp8_gemm    torch._scaled_mm, FP8 activations (already quantized) x FP8 weights, per-tensor scales
   fp8_layer   QuantLinear.forward: activation quantization (Triton) + _scaled_mm
+  fp8_decode  ocria::decode_gemm_fp8 on the same quantized activations (M <= 16; opt-in in the models)
   nvfp4       ocria::nvfp4_gemm with its default tiles; for M <= 16 also a few other tile/stage
               configs (the tuning lever), best one reported as nvfp4_best
   floor       weight bytes of each format (NVFP4: packed weights + block scales) at the device copy
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 from timing import copy_bandwidth, time_calls
 
 from ocria.plugins import numerics as nx
+from ocria.plugins.decode_gemm import MAX_M, decode_gemm_fp8_triton
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 from ocria.plugins.fp4_gemm.kernel import default_config, nvfp4_gemm_triton
 from ocria.quant.linear import QuantLinear
@@ -65,9 +67,11 @@ def correctness(name: str, k: int, n: int, wts: dict) -> dict:
     y8 = layer(x).float()
     xq = nx.dequantize_fp8(nx.quantize_fp8(x, in_scale), in_scale, torch.float32)
     ref8 = xq @ nx.dequantize_fp8(wts["fp8"], wts["fp8_scale"], torch.float32).t()
+    y8d = decode_gemm_fp8_triton(nx.quantize_fp8(x, in_scale), wts["fp8"], in_scale, wts["fp8_scale"]).float()
     rel = lambda a, b: float((a - b).abs().max() / b.abs().max())  # noqa: E731
     return {"shape": name, "nvfp4_max_rel_err": rel(got, ref), "fp8_layer_max_rel_err": rel(y8, ref8),
-            "nvfp4_ok": rel(got, ref) < 1e-2, "fp8_ok": rel(y8, ref8) < 1e-2}
+            "fp8_decode_max_rel_err": rel(y8d, ref8), "nvfp4_ok": rel(got, ref) < 1e-2,
+            "fp8_ok": rel(y8, ref8) < 1e-2 and rel(y8d, ref8) < 1e-2}
 
 
 def main() -> None:
@@ -88,8 +92,8 @@ def main() -> None:
               "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
               "copy_bandwidth_TBps": bw / 1e12, "trivial_kernel_us": latency, "correctness": checks, "errors": errors,
               "rows": rows}
-    print(f"{'shape':17s} {'M':>4} {'bf16':>8} {'fp8':>8} {'fp8lay':>8} {'nvfp4':>8} {'best':>8} | floors "
-          f"{'bf16':>7} {'fp8':>7} {'nvfp4':>7} | x floor bf16 fp8 nvfp4")
+    print(f"{'shape':17s} {'M':>4} {'bf16':>8} {'fp8':>8} {'fp8lay':>8} {'fp8dec':>8} {'nvfp4':>8} {'best':>8} | "
+          f"floors {'bf16':>7} {'fp8':>7} {'nvfp4':>7} | x floor bf16 fp8 nvfp4")
     for name in args.shapes:
         k, n = SHAPES[name]
         base = make_weights(k, n)
@@ -112,6 +116,9 @@ def main() -> None:
                 t["fp8_gemm"] = time_calls([lambda s=s, xq=xq, sa=sa, ws=ws: torch._scaled_mm(
                     xq, s["fp8"].t(), scale_a=sa, scale_b=ws, out_dtype=torch.bfloat16) for s in sets["fp8"]])
                 t["fp8_layer"] = time_calls([lambda lay=lay, x=x: lay(x) for lay in layers])
+                if m <= MAX_M:
+                    t["fp8_decode"] = time_calls([lambda s=s, xq=xq, sa=sa, ws=ws: decode_gemm_fp8_triton(
+                        xq, s["fp8"], sa, ws) for s in sets["fp8"]])
             except RuntimeError as e:  # recorded, not fatal: the other rows still get measured
                 t["fp8_gemm"] = t["fp8_layer"] = float("nan")
                 errors.append(f"{name} M={m} fp8: {str(e)[:200]}")
@@ -132,7 +139,8 @@ def main() -> None:
                 "x_floor_bf16": t["bf16"] / floors["bf16"], "x_floor_fp8": t["fp8_gemm"] / floors["fp8"],
                 "x_floor_nvfp4": best["us"] / floors["nvfp4"], "latency_us": latency}
             rows.append(row)
-            print(f"{name:17s} {m:4d} {t['bf16']:8.2f} {t['fp8_gemm']:8.2f} {t['fp8_layer']:8.2f} {t['nvfp4']:8.2f} "
+            print(f"{name:17s} {m:4d} {t['bf16']:8.2f} {t['fp8_gemm']:8.2f} {t['fp8_layer']:8.2f} "
+                  f"{t.get('fp8_decode', float('nan')):8.2f} {t['nvfp4']:8.2f} "
                   f"{best['us']:8.2f} | {floors['bf16']:7.2f} {floors['fp8']:7.2f} {floors['nvfp4']:7.2f} | "
                   f"{row['x_floor_bf16']:.2f} {row['x_floor_fp8']:.2f} {row['x_floor_nvfp4']:.2f}")
         del sets, layers, base

@@ -18,6 +18,9 @@ if "ocria.plugins.decode_gemm.kernel" in sys.modules:  # decorated earlier witho
 from ocria.plugins.decode_gemm import (  # noqa: E402
     MAX_M,
     decode_gemm,
+    decode_gemm_fp8,
+    decode_gemm_fp8_fp32,
+    decode_gemm_fp8_triton,
     decode_gemm_fp32,
     decode_gemm_norm,
     decode_gemm_norm_fp32,
@@ -230,3 +233,42 @@ def test_fp32_output_is_the_unrounded_sum(cfg):
     ref = decode_gemm(x, w, b, use_kernel=False, out_fp32=True)
     assert ref.dtype == torch.float32 and torch.allclose(ref, exact, rtol=1e-5, atol=1e-5)
     assert torch.ops.ocria.decode_gemm.default(x.to("meta"), w.to("meta"), None, True).dtype == torch.float32
+
+
+def _fp8_case(M=5, K=320, N=96, seed=0, per_row=False, per_col=False):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(M, K, generator=g) * 40).to(torch.float8_e4m3fn)
+    w = (torch.randn(N, K, generator=g) * 40).to(torch.float8_e4m3fn)
+    q[0, :3] = torch.tensor([0.001953125, -0.0137, 448.0]).to(torch.float8_e4m3fn)  # a subnormal, the max
+    sx = torch.rand(M, 1, generator=g) * 0.01 + 1e-3 if per_row else torch.tensor(0.0042)
+    sw = torch.rand(N, generator=g) * 1e-3 + 1e-4 if per_col else torch.tensor(7.3e-4)
+    return q, w, sx, sw
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=list(CONFIGS))
+@pytest.mark.parametrize("per_row,per_col", [(False, False), (True, False), (False, True), (True, True)])
+def test_fp8_kernel_matches_its_math(cfg, per_row, per_col):
+    """FP8 form: E4M3 bytes decoded exactly, fp32 sums, both scales, one bf16 rounding (at most 1 ulp off the
+    fp32 product summed in another order), and rows batch invariant."""
+    q, w, sx, sw = _fp8_case(M=7, seed=3, per_row=per_row, per_col=per_col)
+    b = torch.randn(96).to(torch.bfloat16)
+    got = decode_gemm_fp8_triton(q, w, sx, sw, b, config=CONFIGS[cfg])
+    want = decode_gemm_fp8_fp32(q, w, sx, sw, b)
+    assert got.dtype == torch.bfloat16 and got.shape == (7, 96)
+    assert int(_ulps(got, want).max()) <= 1 and float((_ulps(got, want) > 0).float().mean()) < 0.05
+    one = decode_gemm_fp8_triton(q[4:5], w, sx[4:5] if per_row else sx, sw, b, config=CONFIGS[cfg])
+    assert torch.equal(one[0], got[4])
+
+
+def test_fp8_op_refuses_and_falls_back():
+    q, w, sx, sw = _fp8_case(M=3, K=64, N=32, seed=1)
+    assert decode_gemm_fp8(q, w, sx, sw) is None  # opt-in and CPU: the caller's _scaled_mm path
+    assert decode_gemm_fp8(torch.cat([q] * 6), w, sx, sw, use_kernel=True) is None  # 18 rows
+    torch.testing.assert_close(decode_gemm_fp8(q, w, sx, sw, use_kernel=True).float(),
+                               decode_gemm_fp8_fp32(q, w, sx, sw).float(), rtol=1e-2, atol=1e-3)
+    # the schema check multiplies the inputs, which float8 tensors cannot do on CPU: the fake one alone
+    torch.library.opcheck(torch.ops.ocria.decode_gemm_fp8.default, (q, w, sx, sw, None), test_utils="test_faketensor")
+    with pytest.raises(OcriaError, match="float8_e4m3fn x and weight"):
+        decode_gemm_fp8_triton(q.float(), w, sx, sw)
+    with pytest.raises(OcriaError, match="x_scale"):
+        decode_gemm_fp8_triton(q, w, torch.ones(2), sw)

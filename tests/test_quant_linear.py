@@ -156,6 +156,27 @@ def test_concat_fp8_with_different_scales_equals_separate_layers():
     torch.testing.assert_close(fused(x), torch.cat([lay(x) for lay in layers], dim=-1), rtol=0, atol=0)
 
 
+def test_fp8_decode_rows_run_the_decode_gemm():
+    """With the kernels on (the interpreter here; opt-in on CUDA), up to 16 rows of an FP8 layer are one
+    decode-GEMM launch on the quantized input: per-token scales, a fused layer's per-channel weight scales."""
+    from ocria.plugins.decode_gemm import decode_gemm_fp8_triton
+
+    torch.manual_seed(6)
+    layers = []
+    for scale_mul in (1.0, 3.0):
+        w = torch.randn(16, 32) * 0.1 * scale_mul
+        ws = (w.abs().amax() / 448).reshape(1)
+        layers.append(QuantLinear("fp8", nx.quantize_fp8(w, ws), weight_scale=ws))
+    fused = QuantLinear.concat(layers)
+    fused.use_kernel = True
+    x = torch.randn(3, 32).to(torch.bfloat16)
+    q, s = nx.quantize_fp8_per_token(x)
+    got = fused(x)
+    assert torch.equal(got, decode_gemm_fp8_triton(q, fused.weight, s, fused.weight_scale))
+    fused.use_kernel = None  # CPU default: the emulation, within bf16 rounding of it
+    torch.testing.assert_close(got.float(), fused(x).float(), rtol=1e-2, atol=1e-2)
+
+
 def test_mlp_forward_fp8_down_takes_fused_quantized_input():
     torch.manual_seed(5)
     hidden, inter = 32, 48

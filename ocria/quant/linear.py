@@ -10,7 +10,8 @@ Tensors per layer (``<prefix>.weight`` etc.):
   ``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32 scalar, ``input_scale``.
 
 Execution: FP8 weights x FP8 activations through ``torch._scaled_mm`` on CUDA GPUs with FP8
-tensor cores (compute capability >= 8.9); NVFP4 weight-only (bf16 activations, the exported
+tensor cores (compute capability >= 8.9), or for up to 16 rows through the opt-in ``ocria::decode_gemm_fp8``
+(``OCRIA_ENABLE_KERNELS=decode_gemm_fp8``); NVFP4 weight-only (bf16 activations, the exported
 ``input_scale`` is not used) through the Triton ``ocria::nvfp4_gemm`` on CUDA, since Hopper has no
 FP4 tensor cores; everywhere else the weight is dequantized to the compute dtype once (cached) and
 FP8 activations are quantized and dequantized with the same rounding as on the GPU.
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 
 from ocria.errors import CheckpointError
 from ocria.plugins import numerics as nx
+from ocria.plugins.decode_gemm import decode_gemm_fp8
 from ocria.plugins.fp4_gemm import nvfp4_gemm
 from ocria.plugins.silu_quant import kernel_enabled, quantize_act, silu_mul_quant
 
@@ -176,6 +178,12 @@ class QuantLinear(nn.Module):
         ``token_scales`` [..., 1]): ``(q * s_x) @ (W * s_w)^T`` accumulated in fp32."""
         if self.fmt != "fp8":
             raise CheckpointError(f"{self.name}: forward_fp8 on a {self.fmt} layer")
+        if q.device.type != "cuda" or fp8_tensor_cores(q.device):  # decode steps: one decode-GEMM launch
+            y = decode_gemm_fp8(q, self.weight, token_scales if token_scales is not None else self.input_scale,
+                                self.weight_scale, use_kernel=self.use_kernel)
+            if y is not None:
+                y = y.to(out_dtype)
+                return y if self.bias is None else y + self.bias.to(y.dtype)
         if not fp8_tensor_cores(q.device):
             x = nx.dequantize_fp8(q, token_scales if token_scales is not None else self.input_scale, out_dtype)
             y = F.linear(x, self._cached_weight(out_dtype))

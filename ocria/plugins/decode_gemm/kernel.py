@@ -24,6 +24,12 @@ shuffles into every iteration), and scales the accumulator by rstd at the end. T
 separate norm's (which rounds ``s * rstd * (1 + w)`` to bf16) by the placement of one rounding. Program 0
 also writes s, the residual stream. No split-K here: each program needs the whole row for rstd.
 
+FP8 (``decode_gemm_fp8_triton``): x and the weight as float8 E4M3 bytes, the MMA on them (exact products,
+fp32 sums), and the epilogue multiplies by the activation scale (per tensor or per row) and the weight scale
+(per tensor or per column) before its one bf16 rounding: ``_scaled_mm``'s math at decode shapes, where
+cuBLAS's FP8 kernels take 128-row tiles (bench/results/e2e_mixed_h200_ptx.json). The interpreter decodes
+the bytes to fp32 exactly and multiplies in fp32.
+
 Batch invariance: the row tile is always 16 rows (padded, masked) and the configuration depends on
 (N, K) only, never on M, so every row runs the same instruction sequence and the same reduction order
 over K, and an MMA computes each output element from its own row alone. Row m's output is therefore
@@ -47,9 +53,27 @@ PREFETCH_LINES = 8  # with PDL: 128-byte lines per weight row (1 KiB of K) sent 
 
 
 @triton.jit
-def _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl.constexpr, AS_BITS: tl.constexpr,
-              OUT_F32: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] fp32 (+ bias) stored in fp32 (OUT_F32) or rounded once to bf16."""
+def _e4m3_value(b):
+    """float8 E4M3 bytes (uint8) -> their exact fp32 values (the interpreter has no float8 arithmetic)."""
+    b = b.to(tl.int32)
+    e = (b >> 3) & 0xF
+    m = b & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # (1 + m/8) * 2^(e-7)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormals: m * 2^-9
+    mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
+    return tl.where((b & 0x80) != 0, -mag, mag)
+
+
+@triton.jit
+def _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl.constexpr,
+              AS_BITS: tl.constexpr, OUT_F32: tl.constexpr, FP8: tl.constexpr, SX_ROWS: tl.constexpr,
+              SW_COLS: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] fp32 (FP8: times the activation and weight scales) (+ bias) stored in fp32
+    (OUT_F32) or rounded once to bf16."""
+    if FP8:
+        sx = tl.load(sx_ptr + rows, mask=mrow, other=0) if SX_ROWS else tl.load(sx_ptr + rows * 0)
+        sw = tl.load(sw_ptr + cols, mask=mcol, other=0) if SW_COLS else tl.load(sw_ptr + cols * 0)
+        acc = acc * sx[:, None] * sw[None, :]
     if HAS_BIAS:
         bias = tl.load(b_ptr + cols, mask=mcol, other=0)
         if AS_BITS:
@@ -67,10 +91,11 @@ def _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl
 
 @triton.jit(do_not_specialize=["M"])  # M = 1 runs the binary M = 16 runs: the same code for every row count
 def _decode_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, r_ptr, nw_ptr, s_ptr, eps,
+    x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, r_ptr, nw_ptr, s_ptr, sx_ptr, sw_ptr, eps,
     M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om, stride_rm,
     HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F32: tl.constexpr,
+    FP8: tl.constexpr, SX_ROWS: tl.constexpr, SW_COLS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr,
 ):  # fmt: skip
     ON_GPU: tl.constexpr = not AS_BITS
@@ -96,9 +121,13 @@ def _decode_gemm_kernel(
         k = k0 + tl.arange(0, BLOCK_K)
         mk = k < k_end
         mx = mrow[:, None] & mk[None, :]
-        x = tl.load(x_base + k[None, :], mask=mx, other=0)
-        w = tl.load(w_base + k[None, :], mask=mcol[:, None] & mk[None, :], other=0)
-        if NORM:  # s = x (+ residual) in bf16; the MMA gets bf16(s * (1 + w_norm)); sum(s^2) for rstd
+        zero = 0.0 if FP8 and not AS_BITS else 0  # float8 takes no integer fill
+        x = tl.load(x_base + k[None, :], mask=mx, other=zero)
+        w = tl.load(w_base + k[None, :], mask=mcol[:, None] & mk[None, :], other=zero)
+        if FP8:
+            if AS_BITS:
+                x, w = _e4m3_value(x), _e4m3_value(w)
+        elif NORM:  # s = x (+ residual) in bf16; the MMA gets bf16(s * (1 + w_norm)); sum(s^2) for rstd
             s = widen(x, True) if AS_BITS else x.to(tl.float32)
             if RESIDUAL:
                 r = tl.load(r_ptr + rows.to(tl.int64)[:, None] * stride_rm + k[None, :], mask=mx, other=0)
@@ -115,7 +144,8 @@ def _decode_gemm_kernel(
         elif AS_BITS:
             x = widen(x, True)
         if AS_BITS:  # the interpreter has no bf16 arithmetic: exact bf16 -> fp32, IEEE fp32 products
-            w = widen(w, True)
+            if not FP8:
+                w = widen(w, True)
             if SWAP:
                 acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
             else:
@@ -130,7 +160,8 @@ def _decode_gemm_kernel(
     if NORM:
         acc = acc * (1.0 / tl.sqrt_rn(tl.sum(sumsq, 1) / K + eps))[:, None]
     if SPLIT_K == 1:
-        _epilogue(acc, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32)
+        _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32,
+                  FP8, SX_ROWS, SW_COLS)
     else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
         tile = ws_ptr + pid.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
         offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
@@ -142,7 +173,8 @@ def _decode_gemm_kernel(
             for s in range(SPLIT_K):  # split order, whichever program arrived last
                 total += tl.load(tile + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
             tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next call
-            _epilogue(total, b_ptr, o_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32)
+            _epilogue(total, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS,
+                      OUT_F32, FP8, SX_ROWS, SW_COLS)
 
 
 def default_config(N: int, K: int) -> dict:
@@ -182,11 +214,12 @@ def _kernel_for(device: torch.device):
     return _decode_gemm_kernel
 
 
-def check_shapes(x: Tensor, weight: Tensor, bias: Tensor | None) -> None:
-    """The kernel's contract, as one-line errors: bf16, x [..., K] with at most MAX_M rows, weight [N, K]
-    with K and N multiples of 16, optional bias [N]."""
-    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or (bias is not None and bias.dtype != x.dtype):
-        raise OcriaError(f"decode_gemm kernel: bf16 only, got x {x.dtype}, weight {weight.dtype}"
+def check_shapes(x: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.bfloat16) -> None:
+    """The kernel's contract, as one-line errors: x [..., K] with at most MAX_M rows and weight [N, K] in
+    ``dtype`` (bf16, or float8 E4M3 for the FP8 form), K and N multiples of 16, optional bf16 bias [N]."""
+    if x.dtype != dtype or weight.dtype != dtype or (bias is not None and bias.dtype != torch.bfloat16):
+        only = "bf16 only" if dtype == torch.bfloat16 else f"{dtype} x and weight, bf16 bias"
+        raise OcriaError(f"decode_gemm kernel: {only}, got x {x.dtype}, weight {weight.dtype}"
                          + (f", bias {bias.dtype}" if bias is not None else ""))
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise OcriaError(f"decode_gemm kernel: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not chain "
@@ -207,6 +240,20 @@ def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, co
     ``default_config``) overrides the shape's default."""
     check_shapes(x, weight, bias)
     return _launch(x, weight, bias, config, out_fp32=out_fp32)[0]
+
+
+def decode_gemm_fp8_triton(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
+                           config: dict | None = None) -> Tensor:
+    """``(q * x_scale) @ (weight * w_scale).T (+ bias)`` in bf16 for float8 E4M3 ``q`` [..., K] (at most MAX_M
+    rows) and ``weight`` [N, K]; ``x_scale`` fp32, one per tensor or per row ([..., 1]), ``w_scale`` fp32, one
+    per tensor or per column ([N])."""
+    check_shapes(q, weight, bias, torch.float8_e4m3fn)
+    rows, N = q.numel() // q.shape[-1], weight.shape[0]
+    sx, sw = x_scale.float().reshape(-1), w_scale.float().reshape(-1)
+    if sx.numel() not in (1, rows) or sw.numel() not in (1, N):
+        raise OcriaError(f"decode_gemm kernel: x_scale {tuple(x_scale.shape)} must hold 1 or {rows} values, "
+                         f"w_scale {tuple(w_scale.shape)} 1 or {N}")
+    return _launch(q, weight, bias, config, scales=(sx.contiguous(), sw.contiguous()))[0]
 
 
 def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
@@ -234,8 +281,8 @@ def norm_config(N: int, K: int) -> dict:
 
 
 def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None, residual: Tensor | None = None,
-            norm_weight: Tensor | None = None, eps: float = 0.0,
-            out_fp32: bool = False) -> tuple[Tensor, Tensor | None]:
+            norm_weight: Tensor | None = None, eps: float = 0.0, out_fp32: bool = False,
+            scales: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
     N, K = weight.shape
     lead = x.shape[:-1]
     x2, r2 = (t.reshape(-1, K) if t is not None else None for t in (x, residual))  # 2-D keeps its row stride
@@ -243,7 +290,8 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     if weight.stride(-1) != 1:
         weight = weight.contiguous()
     M = x2.shape[0]
-    out = torch.empty(M, N, dtype=torch.float32 if out_fp32 else x.dtype, device=x.device)
+    fp8 = scales is not None
+    out = torch.empty(M, N, dtype=torch.float32 if out_fp32 else torch.bfloat16 if fp8 else x.dtype, device=x.device)
     norm = norm_weight is not None
     s = torch.empty(M, K, dtype=x.dtype, device=x.device) if norm else None
     if M == 0 or N == 0:
@@ -256,15 +304,19 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     ws, count = _scratch(x.device, tiles * split_k * BLOCK_M * cfg["block_n"], tiles) if split_k > 1 else (out, out)
     # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
     as_bits = x.device.type == "cpu"
-    x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None else t
+    x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None and t.dtype == torch.bfloat16 else t
                                  for t in (x2, weight, out, r2, norm_weight, s))
+    if fp8 and as_bits:  # float8 bytes as uint8: the interpreter decodes them (``_e4m3_value``)
+        x_, w_ = x2.view(torch.uint8), weight.view(torch.uint8)
     b_ = bf16_as_int16(bias.contiguous()) if bias is not None and as_bits else bias
     _kernel_for(x.device)[(tiles, split_k)](
         x_, w_, b_ if bias is not None else out_, out_, ws, count, r_ if r_ is not None else out_,
-        nw_ if norm else out_, s_ if norm else out_, eps, M, N, K, k_split,
+        nw_ if norm else out_, s_ if norm else out_, scales[0] if fp8 else out_, scales[1] if fp8 else out_, eps,
+        M, N, K, k_split,
         x2.stride(0), weight.stride(0), out.stride(0), r2.stride(0) if r2 is not None else 0,
         HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits, SPLIT_K=split_k,
         NORM=norm, RESIDUAL=r2 is not None, OUT_F32=out_fp32,
+        FP8=fp8, SX_ROWS=fp8 and scales[0].numel() > 1, SW_COLS=fp8 and scales[1].numel() > 1,
         BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(x.device),
         PF_LINES=max(1, min(PREFETCH_LINES, triton.next_power_of_2(k_split // 64 + 1) // 2)),

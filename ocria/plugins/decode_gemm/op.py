@@ -6,7 +6,7 @@ other dtypes than bf16, N or K not a multiple of 16) runs the reference ``F.line
 import torch
 from torch import Tensor
 
-from ocria.plugins.decode_gemm.kernel import MAX_M, decode_gemm_norm_triton, decode_gemm_triton
+from ocria.plugins.decode_gemm.kernel import MAX_M, decode_gemm_fp8_triton, decode_gemm_norm_triton, decode_gemm_triton
 from ocria.plugins.decode_gemm.reference import decode_gemm_reference
 from ocria.plugins.switch import kernel_enabled
 
@@ -60,4 +60,28 @@ def decode_gemm_norm(x: Tensor, residual: Tensor | None, norm_weight: Tensor, ep
     if fits and all(kernel_enabled(x.device, use_kernel, name) for name in ("decode_gemm_norm", "decode_gemm",
                                                                              "rms_norm")):
         return torch.ops.ocria.decode_gemm_norm(x, residual, norm_weight, eps, weight)
+    return None
+
+
+@torch.library.custom_op("ocria::decode_gemm_fp8", mutates_args=())
+def _decode_gemm_fp8_op(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor,
+                        bias: Tensor | None = None) -> Tensor:
+    return decode_gemm_fp8_triton(q, weight, x_scale, w_scale, bias)
+
+
+@_decode_gemm_fp8_op.register_fake
+def _(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    return q.new_empty(*q.shape[:-1], weight.shape[0], dtype=torch.bfloat16)
+
+
+def decode_gemm_fp8(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
+                    use_kernel: bool | None = None) -> Tensor | None:
+    """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in bf16 in one decode-GEMM launch, when the
+    kernel takes the call (E4M3 q of at most MAX_M rows, N and K multiples of 16, an opt-in kernel:
+    ``OCRIA_ENABLE_KERNELS=decode_gemm_fp8``); None otherwise, and the caller runs ``_scaled_mm``."""
+    rows = q.numel() // q.shape[-1] if q.shape[-1] else 0
+    fits = (rows <= MAX_M and q.dtype == weight.dtype == torch.float8_e4m3fn and weight.dim() == 2
+            and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
+    if fits and kernel_enabled(q.device, use_kernel, "decode_gemm_fp8"):
+        return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias)
     return None

@@ -41,3 +41,16 @@ def decode_gemm_norm_fp32(x: Tensor, residual: Tensor | None, norm_weight: Tenso
     if bias is not None:
         out = out + bias.float()
     return out.to(x.dtype), s
+
+
+def decode_gemm_fp8_fp32(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor,
+                         bias: Tensor | None = None) -> Tensor:
+    """The FP8 kernel's math: E4M3 ``q`` [..., K] and ``weight`` [N, K] decoded exactly, their fp32 product
+    times ``x_scale`` (per tensor or per row) and ``w_scale`` (per tensor or per column) (+ bias), rounded once
+    to bf16."""
+    out = q.float() @ weight.float().T
+    out = out * x_scale.float().reshape(*q.shape[:-1], 1) if x_scale.numel() > 1 else out * x_scale.float()
+    out = out * w_scale.float().reshape(-1)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(torch.bfloat16)
