@@ -118,6 +118,22 @@ def test_default_engine_reads_the_examples(engine_dir, capsys):
             assert text == truth
 
 
+def test_train_eval_measures_a_built_engine(engine_dir, tmp_path, capsys):
+    """python -m ocria.train eval: CER, tau and spec == ar of any built engine, as JSON; a bad path is one line."""
+    from ocria.train.__main__ import main as train_main
+
+    out = tmp_path / "eval.json"
+    args = ["eval", "--engine", str(engine_dir), "--docs", "2", "--max-tokens", "16", "--out", str(out)]
+    assert train_main(args) == 0
+    result = json.loads(out.read_text())
+    assert result["docs"] == 2 and result["device"] == "cpu" and 0 <= result["cer_ar"]
+    assert result["selector_on"]["spec_equals_ar"] and result["selector_off"]["spec_equals_ar"]
+    capsys.readouterr()
+    assert train_main(["eval", "--engine", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "none" in err and "Traceback" not in err
+
+
 def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "notimage.png").write_text("hello, I am text")
     (tmp / "empty.png").write_bytes(b"")
