@@ -21,6 +21,7 @@ from ocria.train import checkpoint as ckpt
 from ocria.train.__main__ import main as train_main
 from ocria.train.data import IGNORE, collate, encode, image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
+from ocria.train.evaluate import divergences
 from ocria.train.export import export_model, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at
@@ -541,3 +542,10 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     assert run["calls"][0]["command"].startswith("python -m ocria.train run") and run["calls"][0]["wall_s"] > 0
     assert train_main(["run", "--state", str(state), "--set=bogus=1"]) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_divergences_name_the_first_differing_token():
+    spec = [{"tokens": [1, 2, 3]}, {"tokens": [1, 2, 9, 4]}, {"tokens": [1, 2]}]
+    ar = [{"tokens": [1, 2, 3]}, {"tokens": [1, 2, 3, 4]}, {"tokens": [1, 2, 5]}]
+    assert divergences(spec, ar) == [{"doc": 1, "position": 2, "spec_token": 9, "ar_token": 3},
+                                     {"doc": 2, "position": 2, "spec_token": None, "ar_token": 5}]

@@ -82,12 +82,33 @@ def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, bat
         finally:
             drafter.config.selector_head = has_selector
         key = "selector_on" if use_selector else "selector_off"
+        differ = divergences(spec, ar)
         out[key] = {
             "tau": tau(spec),
             "drafts_sent_per_step": sum(r["proposed"] for r in spec) / max(1, sum(r["steps"] for r in spec)),
-            "spec_equals_ar": all(s["tokens"] == a["tokens"] for s, a in zip(spec, ar)),
+            "spec_equals_ar": not differ,
+            "docs_differing": len(differ),
+            "first_divergences": differ[:8],
             "cer_spec": cer(spec, truths),
         }
+    return out
+
+
+def _token_at(tokens: list[int], pos: int) -> int | None:
+    return tokens[pos] if pos < len(tokens) else None
+
+
+def divergences(spec: list[dict], ar: list[dict]) -> list[dict]:
+    """Per document whose spec tokens differ from ar: the first differing position and both tokens (None past
+    the end). On the GPU in bf16 a 16-token verify and a 1-token step round differently, so near-ties can flip;
+    this says where."""
+    out = []
+    for i, (s, a) in enumerate(zip(spec, ar)):
+        if s["tokens"] != a["tokens"]:
+            pos = next((j for j, (x, y) in enumerate(zip(s["tokens"], a["tokens"])) if x != y),
+                       min(len(s["tokens"]), len(a["tokens"])))
+            out.append({"doc": i, "position": pos, "spec_token": _token_at(s["tokens"], pos),
+                        "ar_token": _token_at(a["tokens"], pos)})
     return out
 
 
