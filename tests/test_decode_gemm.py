@@ -10,6 +10,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from ocria.errors import OcriaError
 
@@ -30,6 +32,7 @@ from ocria.plugins.decode_gemm import (  # noqa: E402
     default_config,
 )
 from ocria.plugins.rms_norm.reference import add_rms_norm_reference, rms_norm_reference  # noqa: E402
+from ocria.plugins.rounding import widen_e4m3  # noqa: E402
 
 CONFIGS = {
     "columns": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": False},
@@ -272,3 +275,20 @@ def test_fp8_op_refuses_and_falls_back():
         decode_gemm_fp8_triton(q.float(), w, sx, sw)
     with pytest.raises(OcriaError, match="x_scale"):
         decode_gemm_fp8_triton(q, w, torch.ones(2), sw)
+
+
+@triton.jit
+def _widen_e4m3_kernel(b_ptr, y_ptr):
+    i = tl.arange(0, 256)
+    tl.store(y_ptr + i, widen_e4m3(tl.load(b_ptr + i)))
+
+
+def test_widen_e4m3_decodes_every_byte_as_torch():
+    """The shared E4M3 decode (the FP8 form here, the NVFP4 GEMM's block scales): all 256 bytes, signs,
+    subnormals and NaN, exactly as PyTorch's float8_e4m3fn."""
+    b = torch.arange(256, dtype=torch.uint8)
+    y = torch.empty(256)
+    _widen_e4m3_kernel[(1,)](b, y)
+    want = b.view(torch.float8_e4m3fn).float()
+    assert torch.equal(y.isnan(), want.isnan()) and int(want.isnan().sum()) == 2
+    assert torch.equal(y[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))  # -0.0 too

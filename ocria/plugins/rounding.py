@@ -1,4 +1,4 @@
-"""Rounding helpers shared by the Triton kernels of the plugins."""
+"""Rounding and bit-level conversion helpers shared by the Triton kernels of the plugins."""
 
 import torch
 import triton
@@ -33,6 +33,19 @@ def widen(x, IS_BF16: tl.constexpr):
         return (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
     else:
         return x.to(tl.float32)
+
+
+@triton.jit
+def widen_e4m3(b):
+    """float8 E4M3 bytes (any integer type) -> their exact fp32 values, by bits: the integer unpacking paths
+    and the interpreter, which has no float8 arithmetic."""
+    b = b.to(tl.int32)
+    e = (b >> 3) & 0xF
+    m = b & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # (1 + m/8) * 2^(e-7)
+    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormals: m * 2^-9
+    mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
+    return tl.where((b & 0x80) != 0, -mag, mag)
 
 
 @triton.jit

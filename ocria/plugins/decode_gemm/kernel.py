@@ -45,23 +45,11 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter, prefetch_l2
-from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
+from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen, widen_e4m3
 
 MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
 BLOCK_M = 16
 PREFETCH_LINES = 8  # with PDL: 128-byte lines per weight row (1 KiB of K) sent to L2 before the wait
-
-
-@triton.jit
-def _e4m3_value(b):
-    """float8 E4M3 bytes (uint8) -> their exact fp32 values (the interpreter has no float8 arithmetic)."""
-    b = b.to(tl.int32)
-    e = (b >> 3) & 0xF
-    m = b & 7
-    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)  # (1 + m/8) * 2^(e-7)
-    mag = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)  # subnormals: m * 2^-9
-    mag = tl.where((e == 15) & (m == 7), float("nan"), mag)
-    return tl.where((b & 0x80) != 0, -mag, mag)
 
 
 @triton.jit
@@ -126,7 +114,7 @@ def _decode_gemm_kernel(
         w = tl.load(w_base + k[None, :], mask=mcol[:, None] & mk[None, :], other=zero)
         if FP8:
             if AS_BITS:
-                x, w = _e4m3_value(x), _e4m3_value(w)
+                x, w = widen_e4m3(x), widen_e4m3(w)
         elif NORM:  # s = x (+ residual) in bf16; the MMA gets bf16(s * (1 + w_norm)); sum(s^2) for rstd
             s = widen(x, True) if AS_BITS else x.to(tl.float32)
             if RESIDUAL:
@@ -306,7 +294,7 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     as_bits = x.device.type == "cpu"
     x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None and t.dtype == torch.bfloat16 else t
                                  for t in (x2, weight, out, r2, norm_weight, s))
-    if fp8 and as_bits:  # float8 bytes as uint8: the interpreter decodes them (``_e4m3_value``)
+    if fp8 and as_bits:  # float8 bytes as uint8: the interpreter decodes them (``widen_e4m3``)
         x_, w_ = x2.view(torch.uint8), weight.view(torch.uint8)
     b_ = bf16_as_int16(bias.contiguous()) if bias is not None and as_bits else bias
     _kernel_for(x.device)[(tiles, split_k)](

@@ -29,6 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
+from ocria.plugins.rounding import widen_e4m3
 from ocria.plugins.switch import disabled_kernels
 
 # $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
@@ -101,12 +102,7 @@ def _nvfp4_gemm_kernel(
             rks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
             sb = tl.load(s_ptr + rn64[:, None] * stride_sn + rks[None, :],
                          mask=nmask[:, None] & (rks < K // 16)[None, :], other=0).to(tl.int32)
-            e = (sb >> 3) & 15
-            m = sb & 7
-            # E4M3 block scale * 2^100: normal ones by exponent rebias, subnormal ones m * 2^-9 * 2^100; bit 7: sign.
-            s = tl.where(e > 0, (((e + 220) << 23) | (m << 20)).to(tl.float32, bitcast=True),
-                         m.to(tl.float32) * 2.4758800785707605e27)
-            s = tl.where((sb & 0x7F) == 0x7F, float("nan"), tl.where(sb >= 128, -s, s))
+            s = widen_e4m3(sb) * 1.2676506002282294e30  # E4M3 block scale * 2^100 (exact)
             s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
             if DOT_F32:
                 x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
