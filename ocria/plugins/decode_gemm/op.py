@@ -11,10 +11,11 @@ from ocria.plugins.decode_gemm.reference import decode_gemm_reference
 from ocria.plugins.switch import kernel_enabled
 
 
-def _kernel_takes(x: Tensor, weight: Tensor) -> bool:
-    """The kernel's shapes: bf16 x [..., K] of at most MAX_M rows and weight [N, K], N and K multiples of 16."""
+def _kernel_takes(x: Tensor, weight: Tensor, dtype: torch.dtype = torch.bfloat16) -> bool:
+    """The kernel's shapes: x [..., K] of at most MAX_M rows and weight [N, K] in ``dtype`` (bf16, or E4M3 for
+    the FP8 form), N and K multiples of 16."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (rows <= MAX_M and x.dtype == weight.dtype == torch.bfloat16 and weight.dim() == 2
+    return (rows <= MAX_M and x.dtype == weight.dtype == dtype and weight.dim() == 2
             and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
 
 
@@ -79,9 +80,6 @@ def decode_gemm_fp8(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor,
     """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in bf16 in one decode-GEMM launch, when the
     kernel takes the call (E4M3 q of at most MAX_M rows, N and K multiples of 16, an opt-in kernel:
     ``OCRIA_ENABLE_KERNELS=decode_gemm_fp8``); None otherwise, and the caller runs ``_scaled_mm``."""
-    rows = q.numel() // q.shape[-1] if q.shape[-1] else 0
-    fits = (rows <= MAX_M and q.dtype == weight.dtype == torch.float8_e4m3fn and weight.dim() == 2
-            and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
-    if fits and kernel_enabled(q.device, use_kernel, "decode_gemm_fp8"):
+    if _kernel_takes(q, weight, torch.float8_e4m3fn) and kernel_enabled(q.device, use_kernel, "decode_gemm_fp8"):
         return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias)
     return None
