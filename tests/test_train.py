@@ -26,7 +26,14 @@ from ocria.train.export import export_model, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at
 from ocria.train.run import Run, TrainConfig
-from ocria.train.target import DT_RANGE, build_target, image_reliance, init_gdn_memory, target_loss
+from ocria.train.target import (
+    DT_RANGE,
+    build_target,
+    image_reliance,
+    init_gdn_memory,
+    load_exported_target,
+    target_loss,
+)
 from ocria.train.vision_batched import batched_vision, batched_vision_forward
 
 
@@ -293,7 +300,7 @@ def test_flat_adamw_follows_torch_adamw_and_the_schedule():
 
 
 def _cfg(**over) -> TrainConfig:
-    base = dict(data_kind="line", target_steps=4, target_batch=2, drafter_steps=3, ablation_steps=2,
+    base = dict(data_kind="line", target_steps=4, target_batch=2, drafter_steps=3,
                 drafter_batch=2, workers=0, eval_docs=2, eval_batch=2, eval_max_tokens=12, log_every=1,
                 target_warmup=2, drafter_warmup=2)
     base.update(over)
@@ -472,6 +479,49 @@ def test_drafter_loss_decreases_on_a_tiny_batch(tiny_preset, batch):
     assert all(p.grad is None for p in target.parameters())
 
 
+def test_ablation_drafter_trains_beside_the_shipped_one_without_changing_it(tiny_preset, tmp_path):
+    """The local-conv-off drafter shares the batches and the target's passes; the shipped drafter's weights
+    come out bit-identical to a run without the ablation (separate clipping, elementwise AdamW)."""
+    exported = {}
+    for ablation in (True, False):
+        run = Run(tmp_path / str(ablation), _cfg(preset=tiny_preset, ablation=ablation, block_size=4,
+                                                  fixed_point_iters=1, drafter_layers=2), 600)
+        assert run.stage_target() and run.stage_drafter()
+        exported[ablation] = run.state
+        last = run.run["history"]["drafter"][-1]
+        assert ("noconv_accept" in last) == ablation and last["accept"] >= 1
+    with_ablation, alone = exported[True], exported[False]
+    assert not (alone / "drafter_noconv").exists()
+    noconv = json.loads((with_ablation / "drafter_noconv" / "config.json").read_text())
+    shipped = json.loads((with_ablation / "drafter" / "config.json").read_text())
+    assert noconv["dflash_config"]["local_conv_kernel"] == 0 and shipped["dflash_config"]["local_conv_kernel"] == 3
+    assert noconv["num_hidden_layers"] == shipped["num_hidden_layers"] == 2  # drafter_layers; the preset has 1
+    assert ((with_ablation / "drafter" / "model.safetensors").read_bytes()
+            == (alone / "drafter" / "model.safetensors").read_bytes())
+
+
+def test_init_target_starts_from_an_exported_target(tiny_preset, tmp_path):
+    """A further run starts from a trained target's export: with a zero learning rate it exports the same bytes."""
+    first = Run(tmp_path / "a", _cfg(preset=tiny_preset), 600)
+    assert first.stage_target()
+    exported = tmp_path / "a" / "target"
+    again = Run(tmp_path / "b", _cfg(preset=tiny_preset, init_target=str(exported), target_lr=0.0), 600)
+    assert again.stage_target()
+    weights = [d / "model.safetensors" for d in (exported, tmp_path / "b" / "target")]
+    assert weights[0].read_bytes() == weights[1].read_bytes()
+    with pytest.raises(OcriaError, match="no config.json"):
+        Run(tmp_path / "c", _cfg(preset=tiny_preset, init_target=str(tmp_path)), 600).stage_target()
+    with pytest.raises(OcriaError, match="not this preset's target"):
+        load_exported_target(build_target(load_preset("ocria-mini").target, 0), exported)
+
+
+def test_train_config_parses_bools_and_names_bad_values():
+    assert TrainConfig.with_overrides(["ablation=false"]).ablation is False
+    assert TrainConfig.with_overrides(["ablation=1"]).ablation is True
+    with pytest.raises(OcriaError, match="'maybe' is not a bool"):
+        TrainConfig.with_overrides(["ablation=maybe"])
+
+
 def test_export_loads_unchanged_and_ships(tiny_preset, tmp_path, batch):
     target, drafter = _trained_pair(tiny_preset)
     export_model(target, tmp_path / "target")
@@ -510,7 +560,7 @@ def test_export_loads_unchanged_and_ships(tiny_preset, tmp_path, batch):
 def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsys):
     state, out = tmp_path / "state", tmp_path / "out"
     sets = [f"--set={k}={v}" for k, v in dict(preset=tiny_preset, target_steps=2, target_batch=1, drafter_steps=2,
-                                              ablation_steps=1, drafter_batch=1, workers=0, eval_docs=1,
+                                              drafter_batch=1, workers=0, eval_docs=1,
                                               eval_batch=1, eval_max_tokens=8, block_size=4,
                                               fixed_point_iters=1, data_kind="line").items()]
     args = ["run", "--state", str(state), "--out", str(out), "--budget-s", "600"]

@@ -8,11 +8,12 @@
 # Repeat until `python -m ocria.train status --state .train` says stage "done", then
 # `python -m ocria.train ship --state .train` copies target/ and drafter/ into ocria/assets/ocria-mini.
 # The defaults (ocria/train/run.py TrainConfig) are the plan for ~3 calls: 5600 target steps on every
-# document kind, then the drafter, its local-conv-off ablation and the held-out evaluation. The shipped
-# weights did not come from that plan: run 5 took 18400 target steps (batch 64, then 256 from step 13236)
-# over many calls with the overrides that SHIPPED.json's "calls" and bench/results/train_h200/README.md
-# record, with generator and loader fixes made between calls; a from-scratch rerun has not been done.
-# Extra arguments go to `python -m ocria.train run` (e.g. --set ablation_steps=0 when time is short).
+# document kind, then the drafter with its local-conv-off ablation beside it, and the held-out evaluation. The
+# shipped weights did not come from that plan: runs 5 and 6 took 19700 target steps (batch 64, then 256 from
+# step 13236) and 1900 drafter steps (batch 128, 32 anchors) over many calls with the overrides that
+# SHIPPED.json's "calls" and bench/results/train_h200/README.md record, with generator and loader fixes made
+# between calls; a from-scratch rerun has not been done.
+# Extra arguments go to `python -m ocria.train run` (e.g. --set ablation=false when time is short).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -6,8 +6,9 @@ $OUT and travels back as a carried path):
 ``state-*.safetensors`` shards, and the exported ``target/`` and ``drafter/`` HF directories.
 
 Stages: ``check`` (tokenizer files vs a fresh build, data deterministic) -> ``target`` -> ``drafter``
-(local conv + selector on, exported) -> ``drafter_noconv`` (ablation: local conv off, only its tau
-is kept) -> ``eval`` (held-out CER, spec == ar, tau per extension setting) -> ``done``.
+(local conv + selector on, exported; with ``ablation``, a local-conv-off drafter trained beside it on the
+same batches) -> ``drafter_noconv`` (the ablation's tau; not shipped) -> ``eval`` (held-out CER,
+spec == ar, tau per extension setting) -> ``done``.
 """
 
 import platform
@@ -25,7 +26,7 @@ from ocria.builder.presets import load_preset
 from ocria.data import generate, split_seeds
 from ocria.data import tokenizer as tokenizer_files
 from ocria.errors import OcriaError
-from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+from ocria.models import OCRiaForConditionalGeneration
 from ocria.runtime.engine import Engine
 from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
@@ -35,7 +36,7 @@ from ocria.train.evaluate import engine_dir, evaluate, heldout_pngs
 from ocria.train.export import export_model, shipped_bytes
 from ocria.train.gdn_chunked import chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at, set_lr
-from ocria.train.target import build_target, image_reliance, target_loss
+from ocria.train.target import build_target, image_reliance, load_exported_target, target_loss
 from ocria.train.vision_batched import batched_vision
 
 STAGES = ("check", "target", "drafter", "drafter_noconv", "eval", "done")
@@ -54,12 +55,15 @@ class TrainConfig:
     target_batch: int = 64
     target_lr: float = 1.5e-3
     target_warmup: int = 300
+    init_target: str = ""  # an HF target directory (e.g. ocria/assets/ocria-mini/target) to start from instead of
+    # the seeded init: a further run of a trained target, with its own schedule; a resumed checkpoint still wins
     drafter_steps: int = 0  # 0: as many as fit in drafter_minutes
     drafter_minutes: float = 2.0
-    ablation_steps: int = -1  # the local-conv-off drafter: -1 = as many as the main drafter, 0 = skip
+    ablation: bool = True  # also train a local-conv-off drafter, beside the shipped one, for its tau
     drafter_batch: int = 32
     drafter_lr: float = 1e-3
     drafter_warmup: int = 100
+    drafter_layers: int = 0  # drafter depth (both drafters); 0 = the preset's
     anchors: int = 16
     fixed_point_iters: int = 3
     slack: int = 8
@@ -85,8 +89,11 @@ class TrainConfig:
             key, sep, value = pair.partition("=")
             if not sep or key not in names:
                 raise OcriaError(f"bad --set {pair!r}: expected KEY=VALUE with KEY one of {', '.join(names)}")
+            kind = type(getattr(cfg, key))
             try:
-                setattr(cfg, key, type(getattr(cfg, key))(value))
+                if kind is bool and value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                setattr(cfg, key, value.lower() in ("true", "1") if kind is bool else kind(value))
             except ValueError:
                 raise OcriaError(f"bad --set {pair!r}: {value!r} is not a {type(getattr(cfg, key)).__name__}") from None
         return cfg
@@ -195,10 +202,7 @@ class Run:
 
     def _total_steps(self, key: str) -> int:
         """Configured steps of a stage; 0 = not yet fixed (the first call times it: see ``_loop``)."""
-        steps = getattr(self.cfg, key)
-        if key == "ablation_steps" and steps < 0:
-            return self.cfg.drafter_steps
-        return steps
+        return getattr(self.cfg, key)
 
     def _batches(self, batch_size: int, start: int, line_steps: int):
         """The train split from batch ``start`` on: single lines while ``step < line_steps`` (a curriculum:
@@ -215,9 +219,11 @@ class Run:
               warmup: int, loss_fn, line_steps: int = 0) -> bool:
         """Shared resumable loop: AdamW + cosine, grad clipping, time-boxed, checkpoint on exit.
 
-        A stage configured with 0 steps gets ``minutes`` of training: its first call times the steps
-        after a short warm-up, then fixes the total (recorded in run.json) before warmup ends, so the
-        cosine schedule is known from then on and identical in every later call.
+        A stage configured with 0 steps gets ``minutes`` of training: its first call times the steps of the
+        warmup's last three quarters (the first steps wait for the data workers and the kernels' first
+        launches: run 6's drafter timed 2.3 steps/s over steps 5-39 and then ran at 3.7), then fixes the total
+        (recorded in run.json) before warmup ends, so the cosine schedule is known from then on and identical
+        in every later call.
         """
         cfg = self.cfg
         steps = self._total_steps(steps_key)
@@ -233,9 +239,10 @@ class Run:
             step = meta["step"]
             self.log(f"{name}: resumed at step {step}")
         history = self.run["history"].setdefault(name, [])
-        timing_from, timing_at = step + 5, step + max(10, min(warmup, 40) - 1)
+        timing_at = step + max(10, warmup - 1)
+        timing_from = step + max(5, (timing_at - step) // 4)
         if steps <= 0 and timing_at >= warmup:
-            raise OcriaError(f"{name}: warmup {warmup} is too short to time the steps before it ends (>= 41)")
+            raise OcriaError(f"{name}: warmup {warmup} is too short to time the steps before it ends (>= 11)")
         last_save = time.time()
         t_start, step_start = time.time(), step
         skipped = bad_run = torch.zeros((), dtype=torch.int64, device=self.device)  # on the GPU: read at log time
@@ -260,7 +267,9 @@ class Run:
                     loss, stats = loss_fn(batch.to(self.device), sampler)
                 opt.zero_grad()
                 loss.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                parts = model.values() if isinstance(model, torch.nn.ModuleDict) else [model]  # clipped apart
+                norms = [torch.nn.utils.clip_grad_norm_(p.parameters(), cfg.grad_clip) for p in parts]
+                gnorm = torch.stack(norms).max()
                 finite = torch.isfinite(gnorm)  # a non-finite batch must not poison the weights
                 opt.step(finite)
                 skipped, bad_run = skipped + ~finite, (bad_run + 1) * ~finite
@@ -304,7 +313,11 @@ class Run:
 
     def stage_target(self) -> bool:
         cfg = self.cfg
-        model = build_target(self.preset.target, self.preset.seed).to(self.device)
+        model = build_target(self.preset.target, self.preset.seed)
+        if cfg.init_target:
+            load_exported_target(model, Path(cfg.init_target))
+            self.log(f"target: initialized from {cfg.init_target}")
+        model = model.to(self.device)
         docs = [generate(seed, "line") for seed in split_seeds("heldout", 16)]
         pair = [b.to(self.device) for b in image_swap_pair(Processor(self.preset.assets), docs)]
         calls, stats = 0, {}
@@ -337,36 +350,52 @@ class Run:
 
     def _drafter_cfg(self, local_conv: bool) -> dict:
         d = dict(self.preset.drafter, block_size=self.cfg.block_size)
+        if self.cfg.drafter_layers:
+            d["num_hidden_layers"] = self.cfg.drafter_layers
         d["dflash_config"] = dict(d.get("dflash_config", {}), selector_head=True,
                                   selector_threshold=self.cfg.selector_threshold)
         if not local_conv:
             d["dflash_config"]["local_conv_kernel"] = 0
         return d
 
-    def _train_drafter(self, name: str, local_conv: bool, steps_key: str) -> DFlash2Drafter | None:
+    def _train_drafters(self) -> torch.nn.ModuleDict | None:
+        """The shipped drafter and, with ``ablation``, a local-conv-off one, trained on the same batches.
+
+        The target's greedy passes are most of a step and are shared, so the ablation costs little; both
+        see identical data, and each is clipped on its own, so the shipped drafter trains exactly as it
+        would alone and the two taus differ by the extension only.
+        """
         cfg = self.cfg
         target = self._trained_target()
-        drafter = build_drafter(self._drafter_cfg(local_conv), target, self.preset.seed + 1).to(self.device)
-        capture = tuple(drafter.config.target_layer_ids)
+        variants = {"drafter": True, "drafter_noconv": False} if cfg.ablation else {"drafter": True}
+        drafters = torch.nn.ModuleDict({name: build_drafter(self._drafter_cfg(conv), target, self.preset.seed + 1)
+                                        for name, conv in variants.items()}).to(self.device)
+        config = drafters["drafter"].config
+        capture = tuple(config.target_layer_ids)
         eos = self.preset.target["text_config"].get("eos_token_id", 2)
 
         def loss_fn(batch, sampler):
             seq, feats, labels = greedy_sequences(target, batch, capture, cfg.fixed_point_iters, cfg.slack, eos)
-            anchors, ids, blabels = sample_blocks(seq, labels, cfg.anchors, drafter.config.block_size,
-                                                  drafter.config.mask_token_id, sampler)
-            logits, sel = block_forward(drafter, feats, anchors, ids)
-            return drafter_loss(logits, sel, blabels, cfg.selector_weight)
+            anchors, ids, blabels = sample_blocks(seq, labels, cfg.anchors, config.block_size, config.mask_token_id,
+                                                  sampler)
+            total, stats = 0.0, {}
+            for name, drafter in drafters.items():  # the logged loss is the sum; stats name each drafter
+                loss, part = drafter_loss(*block_forward(drafter, feats, anchors, ids), blabels, cfg.selector_weight)
+                total = total + loss
+                stats.update(part if name == "drafter" else {f"noconv_{k}": v for k, v in part.items()})
+            return total, stats
 
-        if not self._loop(name, drafter, steps_key, cfg.drafter_minutes, cfg.drafter_batch, cfg.drafter_lr,
-                          cfg.drafter_warmup, loss_fn):
+        if not self._loop("drafter", drafters, "drafter_steps", cfg.drafter_minutes, cfg.drafter_batch,
+                          cfg.drafter_lr, cfg.drafter_warmup, loss_fn):
             return None
-        return drafter
+        return drafters
 
     def stage_drafter(self) -> bool:
-        drafter = self._train_drafter("drafter", True, "drafter_steps")
-        if drafter is None:
+        drafters = self._train_drafters()
+        if drafters is None:
             return False
-        export_model(drafter, self.state / "drafter")
+        for name, drafter in drafters.items():
+            export_model(drafter, self.state / name)
         ckpt.drop_state(self.state, self.run)
         return True
 
@@ -380,16 +409,10 @@ class Run:
                             self.cfg.eval_batch)
 
     def stage_drafter_noconv(self) -> bool:
-        """Ablation: same recipe without the local convolution; only its tau is kept (not shipped)."""
-        if self.cfg.ablation_steps == 0:
-            return True
+        """Ablation: tau of the local-conv-off drafter trained in the drafter stage (then deleted: not shipped)."""
         out = self.state / "drafter_noconv"
-        if not (out / "config.json").is_file():
-            drafter = self._train_drafter("drafter_noconv", False, "ablation_steps")
-            if drafter is None:
-                return False
-            export_model(drafter, out)
-            ckpt.drop_state(self.state, self.run)
+        if not (out / "config.json").is_file():  # ablation off
+            return True
         if self.left() < 120:  # the evaluation does not split across calls: the next call does it
             return False
         res = self._evaluate(out)
