@@ -176,7 +176,7 @@ def check_decode_gemm(dev: str, norm: bool) -> dict:
 
 
 def check_decode_gemm_fp8(dev: str) -> dict:
-    """The FP8 decode GEMM (opt-in ``decode_gemm_fp8``) against its exact math on two ocria-1-sim weights, per-token
+    """The FP8 decode GEMM (``decode_gemm_fp8``) against its exact math on two ocria-1-sim weights, per-token
     activation scales and per-column weight scales, 16 rows and each row alone."""
     g = torch.Generator(dev).manual_seed(5)
     errs, invariant = [], True

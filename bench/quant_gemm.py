@@ -9,7 +9,7 @@ Rows per shape and M:
   bf16        F.linear with bf16 weights (cuBLAS)
   fp8_gemm    torch._scaled_mm, FP8 activations (already quantized) x FP8 weights, per-tensor scales
   fp8_layer   QuantLinear.forward: activation quantization (Triton) + _scaled_mm
-  fp8_decode  ocria::decode_gemm_fp8 on the same quantized activations (M <= 16; opt-in in the models)
+  fp8_decode  ocria::decode_gemm_fp8 on the same quantized activations (M <= 16; what the models run for FP8 layers)
   nvfp4       ocria::nvfp4_gemm with its default tiles; for M <= 16 also a few other tile/stage
               configs (the tuning lever), best one reported as nvfp4_best
   floor       weight bytes of each format (NVFP4: packed weights + block scales) at the device copy

@@ -265,7 +265,7 @@ def test_fp8_kernel_matches_its_math(cfg, per_row, per_col):
 
 def test_fp8_op_refuses_and_falls_back():
     q, w, sx, sw = _fp8_case(M=3, K=64, N=32, seed=1)
-    assert decode_gemm_fp8(q, w, sx, sw) is None  # opt-in and CPU: the caller's _scaled_mm path
+    assert decode_gemm_fp8(q, w, sx, sw) is None  # CPU tensors: the caller's dequantizing path
     assert decode_gemm_fp8(torch.cat([q] * 6), w, sx, sw, use_kernel=True) is None  # 18 rows
     torch.testing.assert_close(decode_gemm_fp8(q, w, sx, sw, use_kernel=True).float(),
                                decode_gemm_fp8_fp32(q, w, sx, sw).float(), rtol=1e-2, atol=1e-3)

@@ -9,12 +9,12 @@ Tensors per layer (``<prefix>.weight`` etc.):
 - nvfp4: ``weight`` uint8 [N, K/2] (two E2M1 per byte, low nibble = even input index),
   ``weight_scale`` float8_e4m3fn [N, K/16], ``weight_scale_2`` fp32 scalar, ``input_scale``.
 
-Execution: FP8 weights x FP8 activations through ``torch._scaled_mm`` on CUDA GPUs with FP8
-tensor cores (compute capability >= 8.9), or for up to 16 rows through the opt-in ``ocria::decode_gemm_fp8``
-(``OCRIA_ENABLE_KERNELS=decode_gemm_fp8``); NVFP4 weight-only (bf16 activations, the exported
-``input_scale`` is not used) through the Triton ``ocria::nvfp4_gemm`` on CUDA, since Hopper has no
-FP4 tensor cores; everywhere else the weight is dequantized to the compute dtype once (cached) and
-FP8 activations are quantized and dequantized with the same rounding as on the GPU.
+Execution: FP8 weights x FP8 activations on CUDA GPUs with FP8 tensor cores (compute capability
+>= 8.9): up to 16 rows (decode and verify steps) through ``ocria::decode_gemm_fp8``, whose 16-row tiles
+fit them where cuBLAS's 128-row tiles do not, more through ``torch._scaled_mm``; NVFP4 weight-only
+(bf16 activations, the exported ``input_scale`` is not used) through the Triton ``ocria::nvfp4_gemm``
+on CUDA, since Hopper has no FP4 tensor cores; everywhere else the weight is dequantized to the compute
+dtype once (cached) and FP8 activations are quantized and dequantized with the same rounding as on the GPU.
 
 ``use_kernel`` (attribute, and argument of ``mlp_forward``) is the plugins' switch: None runs the
 Triton kernels (activation quantization, fused SiLU-quant, NVFP4 GEMM) on CUDA and the PyTorch

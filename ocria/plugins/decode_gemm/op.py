@@ -78,8 +78,8 @@ def _(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor 
 def decode_gemm_fp8(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
                     use_kernel: bool | None = None) -> Tensor | None:
     """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in bf16 in one decode-GEMM launch, when the
-    kernel takes the call (E4M3 q of at most MAX_M rows, N and K multiples of 16, an opt-in kernel:
-    ``OCRIA_ENABLE_KERNELS=decode_gemm_fp8``); None otherwise, and the caller runs ``_scaled_mm``."""
+    kernel takes the call (E4M3 q of at most MAX_M rows, N and K multiples of 16, CUDA, ``decode_gemm_fp8`` not in
+    ``OCRIA_DISABLE_KERNELS``); None otherwise, and the caller runs ``_scaled_mm``."""
     if _kernel_takes(q, weight, torch.float8_e4m3fn) and kernel_enabled(q.device, use_kernel, "decode_gemm_fp8"):
         return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias)
     return None
