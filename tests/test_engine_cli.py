@@ -102,7 +102,8 @@ def test_shipped_weights_match_their_record(engine_dir):
 
 
 def test_default_engine_reads_the_examples(engine_dir, capsys):
-    """The shipped trained pair on CPU: report.png exactly, every example within 2% CER, spec == ar."""
+    """The shipped trained pair on CPU: report.png and checklist.png exactly, every example within 2% CER,
+    spec == ar."""
     for name in ("report", "checklist", "invoice_table"):
         truth = (EXAMPLES / f"{name}.md").read_text().rstrip("\n")
         outs = {}
@@ -114,7 +115,7 @@ def test_default_engine_reads_the_examples(engine_dir, capsys):
         assert outs["spec"]["token_ids"] == outs["ar"]["token_ids"], name
         text = outs["spec"]["text"]
         assert edit_distance(text, truth) <= 0.02 * len(truth), (name, text)
-        if name == "report":
+        if name in ("report", "checklist"):
             assert text == truth
 
 
