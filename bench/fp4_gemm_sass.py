@@ -20,12 +20,13 @@ from timing import save_json
 
 from ocria.plugins.fp4_gemm.kernel import _nvfp4_gemm_kernel, default_config
 
-TYPES = dict(x_ptr="*i16", w_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", y_ptr="*i16", M="i32", N="i32", K="i32",
-             stride_xm="i32", stride_wn="i32", stride_sn="i32", stride_ym="i32")
+TYPES = dict(x_ptr="*i16", w_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", y_ptr="*i16", ws_ptr="*fp32", count_ptr="*i32",
+             M="i32", N="i32", K="i32", K_SLICE="i32", stride_xm="i32", stride_wn="i32", stride_sn="i32",
+             stride_ym="i32")
 # What a launch on these shapes specializes (Triton marks pointers and ints divisible by 16); without it the loads
 # compile unvectorized and the counts describe a kernel that never runs. M varies and is left unmarked.
-DIVISIBLE_BY_16 = ("x_ptr", "w_ptr", "s_ptr", "g_ptr", "y_ptr", "N", "K", "stride_xm", "stride_wn", "stride_sn",
-                   "stride_ym")
+DIVISIBLE_BY_16 = ("x_ptr", "w_ptr", "s_ptr", "g_ptr", "y_ptr", "ws_ptr", "count_ptr", "N", "K", "K_SLICE",
+                   "stride_xm", "stride_wn", "stride_sn", "stride_ym")
 SHAPES = {"lm_head": (248320, 2048), "wide": (12288, 2048), "narrow": (2048, 6144)}
 # SASS lines with their address (branch targets are addresses).
 SASS_INSTR = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
@@ -73,8 +74,8 @@ def ptx_loop(ptx: str) -> list[str]:
     return [ln for ln in body if not ln.endswith(":")]
 
 
-def stats(name: str, N: int, K: int) -> dict:
-    cfg = default_config(16, N)
+def stats(name: str, N: int, K: int, slices: int = 1) -> dict:
+    cfg = dict(default_config(16, N), SLICES=slices)
     consts = dict(cfg, EVEN_K=True, PTX_DEQUANT=True, DOT_F32=False, PDL=False)
     consts = {k: v for k, v in consts.items() if k in _nvfp4_gemm_kernel.arg_names}  # also the kernel before EVEN_K
     out = compile_sm90(_nvfp4_gemm_kernel, TYPES, consts, cfg["num_warps"], cfg["num_stages"], DIVISIBLE_BY_16)
@@ -96,14 +97,16 @@ def stats(name: str, N: int, K: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench/results/fp4_gemm_sass.json")
+    ap.add_argument("--slices", type=int, nargs="+", default=[1], help="K slices over programs (SLICES) to compile")
     args = ap.parse_args()
-    rows = [stats(name, N, K) for name, (N, K) in SHAPES.items()]
+    rows = [stats(name, N, K, s) for name, (N, K) in SHAPES.items() for s in args.slices]
     save_json(compile_report(rows), args.out)
     print(f"{'shape':8} {'config':>18} {'mma':>8} {'regs':>4} {'smem KB':>7} {'spill':>5} {'instr':>6} | K loop: "
           f"{'SASS':>5} {'PTX':>5} {'elem/thr':>8} {'SASS/elem':>9}")
     for r in rows:
         c = r["config"]
-        desc = f"n{c['BLOCK_N']}k{c['BLOCK_K']}w{c['num_warps']}s{c['num_stages']}split{c.get('SPLIT_K', 1)}"
+        desc = (f"n{c['BLOCK_N']}k{c['BLOCK_K']}w{c['num_warps']}s{c['num_stages']}split{c.get('SPLIT_K', 1)}"
+                f"x{c['SLICES']}")
         print(f"{r['shape']:8} {desc:>18} {r['mma']:>8} {r['registers']:>4} {r['shared_bytes'] / 1024:>7.0f} "
               f"{r['spill_store_bytes']:>5} {r['instructions']:>6} | {'':7} {r['k_loop_sass']:>5} {r['k_loop_ptx']:>5} "
               f"{r['weight_elements_per_thread']:>8.0f} {r['k_loop_sass_per_element']:>9.1f}")

@@ -88,7 +88,7 @@ def test_rows_are_batch_invariant(cfg):
 
 def test_split_k_leaves_its_counters_at_zero_and_repeats_bit_for_bit():
     """The tile's last program resets its counter, so the next call (any shape) starts clean."""
-    from ocria.plugins.decode_gemm.kernel import _SCRATCH
+    from ocria.plugins.splitk import _SCRATCH
 
     x, w, b = _case(M=4, bias=True, seed=3)
     first = decode_gemm_triton(x, w, b, config=CONFIGS["split_k3"])

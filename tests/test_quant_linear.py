@@ -46,6 +46,23 @@ def test_nvfp4_gemm_small_tiles_and_leading_dims():
     torch.testing.assert_close(nvfp4_gemm(x, packed, scales, gs, use_kernel=True), got)
 
 
+@pytest.mark.parametrize("slices", [2, 3])
+def test_nvfp4_gemm_k_slices_reduce_in_the_launch(slices):
+    """K cut into slices over programs (320 = 128 + 128 + 64 at three), summed in slice order by the last to
+    arrive: the reference's result, each row alone the same bits as inside the block, counters left at zero."""
+    from ocria.plugins.splitk import _SCRATCH
+
+    packed, scales, gs = _nvfp4_weight(48, 320, seed=3)
+    x = torch.randn(5, 320, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SLICES": slices}
+    got = nvfp4_gemm_triton(x, packed, scales, gs, cfg)
+    ref = nvfp4_gemm_reference(x, packed, scales, gs)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=8e-3, atol=1e-3 * ref.float().abs().max().item())
+    assert not _SCRATCH[x.device][1].any()
+    assert torch.equal(nvfp4_gemm_triton(x[3:4], packed, scales, gs, cfg)[0], got[3])
+    assert torch.equal(nvfp4_gemm_triton(x, packed, scales, gs, cfg), got)
+
+
 def test_nvfp4_gemm_rejects_mismatched_weight():
     packed, scales, gs = _nvfp4_weight(32, 64)
     with pytest.raises(ValueError, match="do not match"):

@@ -11,10 +11,8 @@ they issue at HBM speed. ``SWAP`` computes the transposed product ``weight_tile 
 weight tile is the MMA's A operand (the skinny-GEMM "swap AB" form).
 
 Split-K (``split_k`` S > 1) is for narrow outputs, where N / BLOCK_N programs are too few to keep the
-memory system busy: S programs per column tile each stream K / S of the slab and store an fp32 partial
-to a workspace; the last of them to arrive (a per-tile counter, which it resets) sums the S partials in
-split order and writes the output. No second launch, and the sum's order does not depend on arrival.
-The workspace and counters are one per device, so calls must not overlap in time (one stream).
+memory system busy: S programs per column tile each stream K / S of the slab, reduced in the same launch
+(``ocria.plugins.splitk``).
 
 Norm prologue (``decode_gemm_norm_triton``): the decoder's ``s = x + residual; norm(s) @ W.T`` in the same
 launch, which saves the RMSNorm kernel before every input projection. ``norm(s) = s * rstd * (1 + w)``
@@ -46,6 +44,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter, prefetch_l2
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen, widen_e4m3
+from ocria.plugins.splitk import scratch, sum_splits
 
 MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
 BLOCK_M = 16
@@ -151,16 +150,8 @@ def _decode_gemm_kernel(
         _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32,
                   FP8, SX_ROWS, SW_COLS)
     else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
-        tile = ws_ptr + pid.to(tl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-        offs = rows[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        tl.store(tile + split * (BLOCK_M * BLOCK_N) + offs, acc)
-        tl.debug_barrier()  # every thread's partial is written before the counter moves
-        arrived = tl.atomic_add(count_ptr + pid, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in range(SPLIT_K):  # split order, whichever program arrived last
-                total += tl.load(tile + s * (BLOCK_M * BLOCK_N) + offs, cache_modifier=".cg")
-            tl.atomic_xchg(count_ptr + pid, 0)  # ready for the next call
+        last, total = sum_splits(acc, ws_ptr, count_ptr, pid, split, SPLIT_K, BLOCK_M, BLOCK_N)
+        if last:
             _epilogue(total, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS,
                       OUT_F32, FP8, SX_ROWS, SW_COLS)
 
@@ -178,20 +169,6 @@ def default_config(N: int, K: int) -> dict:
     if N <= 4096:
         return {"block_n": 16, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": False, "split_k": 1}
     return {"block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 4, "swap": True, "split_k": 1}
-
-
-_SCRATCH: dict[torch.device, tuple[Tensor, Tensor]] = {}
-
-
-def _scratch(device: torch.device, ws_elems: int, counters: int) -> tuple[Tensor, Tensor]:
-    """The device's split-K workspace (fp32) and per-tile arrival counters (int32, zero between calls),
-    grown when a call needs more. Allocated on the first eager call, before any CUDA graph captures it."""
-    ws, count = _SCRATCH.get(device, (None, None))
-    if ws is None or ws.numel() < ws_elems or count.numel() < counters:
-        ws = torch.empty(max(ws_elems, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
-        count = torch.zeros(max(counters, 0 if count is None else count.numel()), dtype=torch.int32, device=device)
-        _SCRATCH[device] = ws, count
-    return ws, count
 
 
 def _kernel_for(device: torch.device):
@@ -289,7 +266,7 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
         raise OcriaError("decode_gemm_norm kernel: split_k must be 1 (each program needs the whole row for rstd)")
     split_k, tiles = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"])
     k_split = triton.cdiv(triton.cdiv(K, split_k), cfg["block_k"]) * cfg["block_k"]
-    ws, count = _scratch(x.device, tiles * split_k * BLOCK_M * cfg["block_n"], tiles) if split_k > 1 else (out, out)
+    ws, count = scratch(x.device, tiles * split_k * BLOCK_M * cfg["block_n"], tiles) if split_k > 1 else (out, out)
     # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
     as_bits = x.device.type == "cpu"
     x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None and t.dtype == torch.bfloat16 else t

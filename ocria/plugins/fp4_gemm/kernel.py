@@ -19,6 +19,11 @@ NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that 
 - Otherwise (GPUs before sm_89, ``nvfp4_ptx`` disabled, the CPU interpreter): the same values in fp32 from
   integer unpacking, cast to bf16 for the tensor cores, or kept in fp32 for a fp32 dot in the CPU interpreter
   (``DOT_F32``: it runs no inline PTX and its dot cannot take bf16).
+
+``SLICES`` (a config key, default 1) cuts K over that many programs per tile, reduced in the launch
+(``ocria.plugins.splitk``): at M = 1 the 12288-wide MLP projection has 192 programs of 4 warps for 132 SMs,
+too few warps to hide the dequantization's dependent instructions (5x its bytes' floor,
+bench/results/quant_gemm_h200_run3.json). Not in the default tiles until bench/quant_gemm.py has timed it.
 """
 
 import torch
@@ -30,6 +35,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from ocria.errors import OcriaError
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
 from ocria.plugins.rounding import widen_e4m3
+from ocria.plugins.splitk import scratch, sum_splits
 from ocria.plugins.switch import disabled_kernels
 
 # $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
@@ -68,18 +74,35 @@ fma.rn.bf16x2 $3, v, $5, z;
 
 
 @triton.jit
+def _store_bf16(acc, g_ptr, y_ptr, rm, rn, mmask, nmask, stride_ym):
+    """acc [BLOCK_N, BLOCK_M] times ``weight_scale_2 * 2^26``, rounded once to bf16 bits (round-to-nearest-even)."""
+    y = acc * (tl.load(g_ptr) * 67108864.0)
+    b = y.to(tl.int32, bitcast=True)
+    bits = tl.where(y != y, 0x7FC0, ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).to(tl.int16)
+    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], bits, mask=mmask[None, :] & nmask[:, None])
+
+
+@triton.jit
 def _nvfp4_gemm_kernel(
-    x_ptr, w_ptr, s_ptr, g_ptr, y_ptr,
-    M, N, K, stride_xm, stride_wn, stride_sn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr,
-    PTX_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, ws_ptr, count_ptr,
+    M, N, K, K_SLICE, stride_xm, stride_wn, stride_sn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, SLICES: tl.constexpr,
+    EVEN_K: tl.constexpr, PTX_DEQUANT: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr,
 ):
     # x and y travel as int16 bits of bf16. PTX_DEQUANT (CUDA, sm_89+: Triton's E4M3 type): _DEQUANT_ASM; SPLIT_K
     # and EVEN_K (K is a multiple of BLOCK_K: no K masks) apply to it. Otherwise integer unpacking in fp32, then
     # the tensor cores in bf16 or, DOT_F32 (the CPU interpreter, whose dot cannot take bf16), a dot in fp32.
+    # SLICES > 1: program (n, m, s) takes K's s-th slice of K_SLICE (a multiple of BLOCK_K), reduced in the launch.
     pdl_enter(PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    if SLICES == 1:  # bounds known at compile time: the K loop compiles as without slices (127 registers, not 163)
+        k_start = 0
+        k_end = K
+    else:
+        k_start = pid_s * K_SLICE
+        k_end = tl.minimum(K, k_start + K_SLICE)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -90,7 +113,7 @@ def _nvfp4_gemm_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if not PTX_DEQUANT:
         rn64 = rn.to(tl.int64)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_start, k_end, BLOCK_K):
             rk = k0 + tl.arange(0, BLOCK_K)
             xb = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :],
                          other=0)
@@ -122,7 +145,7 @@ def _nvfp4_gemm_kernel(
         # SPLIT_K > 1: the tile's K is cut into SPLIT_K slices, a batched dot gives each warp its own slice (a
         # warp needs 16 rows of its own; without this a 16-row tile has all warps dequantize the same rows).
         acc3 = tl.zeros([SPLIT_K, BLOCK_N, BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(k_start, k_end, BLOCK_K):
             if EVEN_K:
                 xb = tl.load(xs + k0)
                 wh = tl.load(ws + k0 // 4)
@@ -149,10 +172,13 @@ def _nvfp4_gemm_kernel(
                 acc3 = tl.dot(w3, x3, acc3)
         if SPLIT_K > 1:
             acc = tl.sum(acc3, axis=0)
-    y = acc * (tl.load(g_ptr) * 67108864.0)
-    b = y.to(tl.int32, bitcast=True)
-    bits = tl.where(y != y, 0x7FC0, ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).to(tl.int16)
-    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], bits, mask=mmask[None, :] & nmask[:, None])
+    if SLICES == 1:
+        _store_bf16(acc, g_ptr, y_ptr, rm, rn, mmask, nmask, stride_ym)
+    else:
+        last, total = sum_splits(acc, ws_ptr, count_ptr, pid_n * tl.num_programs(1) + pid_m, pid_s, SLICES, BLOCK_N,
+                                 BLOCK_M)
+        if last:
+            _store_bf16(total, g_ptr, y_ptr, rm, rn, mmask, nmask, stride_ym)
 
 
 def default_config(M: int, N: int, num_sms: int = 132) -> dict:
@@ -198,12 +224,16 @@ def nvfp4_gemm_triton(
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     if M > 0:
-        cfg = {"SPLIT_K": 1, **(config or default_config(M, N))}
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]))
+        cfg = {"SPLIT_K": 1, "SLICES": 1, **(config or default_config(M, N))}
+        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]), cfg["SLICES"])
+        k_slice = triton.cdiv(triton.cdiv(K, cfg["SLICES"]), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
         g = weight_scale_2.to(device=x.device, dtype=torch.float32).reshape(1)
+        tiles = grid[0] * grid[1]
+        ws, count = scratch(x.device, tiles * cfg["SLICES"] * cfg["BLOCK_N"] * cfg["BLOCK_M"], tiles) \
+            if cfg["SLICES"] > 1 else (g, g)
         _nvfp4_gemm_kernel[grid](
-            x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16),
-            M, N, K, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
+            x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16), ws, count,
+            M, N, K, k_slice, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
             EVEN_K=K % cfg["BLOCK_K"] == 0,
             # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack with integers
             PTX_DEQUANT=(x.device.type == "cuda" and capability(x.device.index) >= (8, 9)
