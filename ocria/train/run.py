@@ -95,7 +95,7 @@ class TrainConfig:
                     raise ValueError(value)
                 setattr(cfg, key, value.lower() in ("true", "1") if kind is bool else kind(value))
             except ValueError:
-                raise OcriaError(f"bad --set {pair!r}: {value!r} is not a {type(getattr(cfg, key)).__name__}") from None
+                raise OcriaError(f"bad --set {pair!r}: {value!r} is not a {kind.__name__}") from None
         return cfg
 
 
@@ -200,10 +200,6 @@ class Run:
         self.log(f"check: {self.run['stages']['check']}")
         return True
 
-    def _total_steps(self, key: str) -> int:
-        """Configured steps of a stage; 0 = not yet fixed (the first call times it: see ``_loop``)."""
-        return getattr(self.cfg, key)
-
     def _batches(self, batch_size: int, start: int, line_steps: int):
         """The train split from batch ``start`` on: single lines while ``step < line_steps`` (a curriculum:
         lines are the easy case of reading), then ``data_kind`` (every kind by default)."""
@@ -226,7 +222,7 @@ class Run:
         in every later call.
         """
         cfg = self.cfg
-        steps = self._total_steps(steps_key)
+        steps = getattr(cfg, steps_key)  # 0: not yet fixed (the first call times it, below)
         opt = FlatAdamW(model, lr, cfg.weight_decay)
         sampler = torch.Generator().manual_seed(cfg.seed + 17)
         step = 0
