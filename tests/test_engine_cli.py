@@ -128,6 +128,8 @@ def test_train_eval_measures_a_built_engine(engine_dir, tmp_path, capsys):
     assert train_main(args) == 0
     result = json.loads(out.read_text())
     assert result["docs"] == 2 and result["device"] == "cpu" and 0 <= result["cer_ar"]
+    assert result["cer_ar"] == sum(result["edits_ar"]) / sum(result["chars"])  # per document, summed as the CER
+    assert result["exact_docs_ar"] == result["edits_ar"].count(0)
     for setting in ("selector_on", "selector_off"):
         assert result[setting]["spec_equals_ar"] and result[setting]["docs_differing"] == 0
     capsys.readouterr()

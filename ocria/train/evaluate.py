@@ -65,12 +65,13 @@ def tau(results: list[dict]) -> float:
 
 def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, batch: int,
              selector_settings: tuple[bool, ...] = (True, False)) -> dict:
-    """CER (ar), and per selector setting (on: the drafter config's threshold): tau, drafts sent for
-    verification per step, CER and spec == ar on every document."""
+    """CER (ar; also each document's edits and length), and per selector setting (on: the drafter config's
+    threshold): tau, drafts sent for verification per step, CER and spec == ar on every document."""
     images, truths = [d[0] for d in docs], [d[1] for d in docs]
     ar = transcribe(engine, images, "ar", max_tokens, batch)
-    out = {"docs": len(docs), "cer_ar": cer(ar, truths),
-           "exact_docs_ar": sum(r["text"] == t for r, t in zip(ar, truths))}
+    edits = [edit_distance(r["text"], t) for r, t in zip(ar, truths)]
+    out = {"docs": len(docs), "cer_ar": cer(ar, truths), "exact_docs_ar": edits.count(0),
+           "edits_ar": edits, "chars": [len(t) for t in truths]}  # per document: where the errors are
     drafter = engine.drafter
     if drafter is None:
         return out
