@@ -437,21 +437,28 @@ def test_block_forward_equals_the_inference_drafting_path(tiny_preset):
 
 
 def test_greedy_sequences_label_the_targets_own_greedy_tokens(tiny_preset, batch):
+    """Each label is the target's greedy token after the fed prefix; the fed tokens that equal their labels
+    from the answer's start are the exact greedy decode."""
     target, _ = _trained_pair(tiny_preset)
     with chunked_gdn(16):
         seq, feats, labels = greedy_sequences(target, batch, (0, 2), iters=2, slack=4, eos_id=2)
         assert feats.shape == (*seq.shape, 2 * 64)
         b, L = 0, int(batch.prompt_len[0])
-        known = labels[b, L:]
-        n = int((known != IGNORE).long().cumprod(0).sum())
+        own = seq[b, L:] == labels[b, L:]
+        n = int(own.long().cumprod(0).sum()) + 1  # the exact greedy prefix, and the label after it
         assert n >= 3  # each fixed-point pass fixes at least one more token
-        ids = batch.input_ids[b:b + 1, :L]
         pixels = batch.pixel_values[: int(batch.image_grid_thw[0].prod())]
+        ids = batch.input_ids[b:b + 1, :L]
         with torch.no_grad():
             for t in range(n):  # definitional greedy decoding, one full forward per token
                 nxt = target(ids, pixels, batch.image_grid_thw[:1])[0, -1].argmax()
-                assert int(nxt) == int(known[t])
+                assert int(nxt) == int(labels[b, L + t])
                 ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
+            # past a fed token the target would not have chosen: still its argmax after that prefix
+            later = [t for t in range(L + n, seq.shape[1]) if labels[b, t] != IGNORE and not own[t - 1 - L]]
+            assert later
+            t = later[0]
+            assert int(target(seq[b:b + 1, :t], pixels, batch.image_grid_thw[:1])[0, -1].argmax()) == int(labels[b, t])
 
 
 def test_drafter_loss_decreases_on_a_tiny_batch(tiny_preset, batch):
@@ -465,6 +472,9 @@ def test_drafter_loss_decreases_on_a_tiny_batch(tiny_preset, batch):
     assert (anchors >= batch.prompt_len[:, None]).all()
     assert torch.equal(ids[..., 0], labels.gather(1, anchors))  # anchor tokens are the target's own tokens
     assert (blabels != IGNORE).any()
+    for r, i, j in (blabels != IGNORE).nonzero().tolist():  # slot j + 1 learns only after the target's own tokens
+        fed = seq[r, anchors[r, i] + 1: anchors[r, i] + 1 + j]
+        assert torch.equal(fed, labels[r, anchors[r, i] + 1: anchors[r, i] + 1 + j])
     opt = torch.optim.AdamW(drafter.parameters(), lr=3e-3)
     losses = []
     for _ in range(15):
