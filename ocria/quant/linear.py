@@ -178,26 +178,24 @@ class QuantLinear(nn.Module):
         ``token_scales`` [..., 1]): ``(q * s_x) @ (W * s_w)^T`` accumulated in fp32."""
         if self.fmt != "fp8":
             raise CheckpointError(f"{self.name}: forward_fp8 on a {self.fmt} layer")
-        if q.device.type != "cuda" or fp8_tensor_cores(q.device):  # decode steps: one decode-GEMM launch
-            y = decode_gemm_fp8(q, self.weight, token_scales if token_scales is not None else self.input_scale,
-                                self.weight_scale, use_kernel=self.use_kernel)
-            if y is not None:
-                y = y.to(out_dtype)
-                return y if self.bias is None else y + self.bias.to(y.dtype)
-        if not fp8_tensor_cores(q.device):
-            x = nx.dequantize_fp8(q, token_scales if token_scales is not None else self.input_scale, out_dtype)
-            y = F.linear(x, self._cached_weight(out_dtype))
-            return y if self.bias is None else y + self.bias.to(y.dtype)
-        lead = q.shape[:-1]
-        q2 = q.reshape(-1, q.shape[-1])
-        rowwise = token_scales is not None or self.weight_scale.dim() == 1
-        if rowwise:
-            sa = token_scales.reshape(-1, 1) if token_scales is not None else self.input_scale.expand(q2.shape[0], 1)
-            sb = self._row_weight_scale()
+        x_scale = token_scales if token_scales is not None else self.input_scale
+        tensor_cores = fp8_tensor_cores(q.device)
+        y = None
+        if q.device.type != "cuda" or tensor_cores:  # decode steps: one decode-GEMM launch (None: it does not fit)
+            y = decode_gemm_fp8(q, self.weight, x_scale, self.weight_scale, use_kernel=self.use_kernel)
+        if y is not None:
+            y = y.to(out_dtype)
+        elif not tensor_cores:
+            y = F.linear(nx.dequantize_fp8(q, x_scale, out_dtype), self._cached_weight(out_dtype))
         else:
-            sa, sb = self.input_scale, self.weight_scale
-        y = torch._scaled_mm(q2, self.weight.t(), scale_a=sa.contiguous(), scale_b=sb, out_dtype=out_dtype)
-        y = y.reshape(*lead, self.out_features)
+            q2 = q.reshape(-1, q.shape[-1])
+            if token_scales is not None or self.weight_scale.dim() == 1:  # row-wise scales
+                sa = x_scale.reshape(-1, 1) if token_scales is not None else x_scale.expand(q2.shape[0], 1)
+                sb = self._row_weight_scale()
+            else:
+                sa, sb = self.input_scale, self.weight_scale
+            y = torch._scaled_mm(q2, self.weight.t(), scale_a=sa.contiguous(), scale_b=sb, out_dtype=out_dtype)
+            y = y.reshape(*q.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _emulate_fp8(self, x: Tensor) -> Tensor:

@@ -51,10 +51,14 @@ def transcribe(engine: Engine, images: list[bytes], mode: str, max_tokens: int, 
     return results
 
 
-def cer(results: list[dict], truths: list[str]) -> float:
+def doc_edits(results: list[dict], truths: list[str]) -> list[int]:
+    """Each document's character edits against its truth."""
+    return [edit_distance(r["text"], t) for r, t in zip(results, truths)]
+
+
+def cer(edits: list[int], truths: list[str]) -> float:
     """Character error rate over the set: total edits / total truth characters."""
-    edits = sum(edit_distance(r["text"], t) for r, t in zip(results, truths))
-    return edits / max(1, sum(len(t) for t in truths))
+    return sum(edits) / max(1, sum(len(t) for t in truths))
 
 
 def tau(results: list[dict]) -> float:
@@ -69,8 +73,8 @@ def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, bat
     threshold): tau, drafts sent for verification per step, CER and spec == ar on every document."""
     images, truths = [d[0] for d in docs], [d[1] for d in docs]
     ar = transcribe(engine, images, "ar", max_tokens, batch)
-    edits = [edit_distance(r["text"], t) for r, t in zip(ar, truths)]
-    out = {"docs": len(docs), "cer_ar": cer(ar, truths), "exact_docs_ar": edits.count(0),
+    edits = doc_edits(ar, truths)
+    out = {"docs": len(docs), "cer_ar": cer(edits, truths), "exact_docs_ar": edits.count(0),
            "edits_ar": edits, "chars": [len(t) for t in truths]}  # per document: where the errors are
     drafter = engine.drafter
     if drafter is None:
@@ -90,7 +94,7 @@ def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, bat
             "spec_equals_ar": not differ,
             "docs_differing": len(differ),
             "first_divergences": differ[:8],
-            "cer_spec": cer(spec, truths),
+            "cer_spec": cer(doc_edits(spec, truths), truths),
         }
     return out
 
@@ -136,8 +140,9 @@ def probe_state(state: Path, preset: Preset, docs: int, max_tokens: int,
         pngs = heldout_pngs(docs, config=config)
         results = transcribe(engine, [d[0] for d in pngs], "ar", max_tokens, docs)
     truths = [d[1] for d in pngs]
+    edits = doc_edits(results, truths)
     return {"target_step": step, "docs": docs, "font_px": [config.min_font_px, config.max_font_px],
-            "cer_ar": cer(results, truths), "exact_docs_ar": sum(r["text"] == t for r, t in zip(results, truths)),
+            "cer_ar": cer(edits, truths), "exact_docs_ar": edits.count(0),
             "samples": [{"truth": t, "text": r["text"]} for r, t in zip(results[:4], truths)]}
 
 

@@ -1,7 +1,5 @@
 """Export trained models as HF directories (config.json + bf16 model.safetensors), replaced atomically."""
 
-import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,6 +10,7 @@ from ocria.builder.presets import SHIPPED, Preset, save_drafter, save_target
 from ocria.errors import OcriaError
 from ocria.manifest import file_table
 from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+from ocria.train.checkpoint import write_json
 
 MAX_SHIPPED_BYTES = 24 * 1000 * 1000
 
@@ -61,7 +60,5 @@ def ship(target_dir: Path, drafter_dir: Path, preset: Preset, training: dict) ->
         out.append(_replace_dir(tmp, assets / name))
     files = {f"{d.name}/{rel}": entry for d in out for rel, entry in file_table(d).items()}
     record = assets / SHIPPED
-    tmp = record.with_name(f".{SHIPPED}.tmp")
-    tmp.write_text(json.dumps({"preset": preset.name, "files": files, "training": training}, indent=1) + "\n")
-    os.replace(tmp, record)
+    write_json(record, {"preset": preset.name, "files": files, "training": training})
     return out[0], out[1], record

@@ -254,6 +254,7 @@ class Run:
             self.sync()
             self.log(f"{name}: checkpoint at step {step}")
 
+        parts = model.values() if isinstance(model, torch.nn.ModuleDict) else [model]  # each clipped on its own
         if steps <= 0 or step < steps:
             for batch in self._batches(batch_size, step, line_steps):
                 waited += time.perf_counter() - t_body_end
@@ -263,7 +264,6 @@ class Run:
                     loss, stats = loss_fn(batch.to(self.device), sampler)
                 opt.zero_grad()
                 loss.backward()
-                parts = model.values() if isinstance(model, torch.nn.ModuleDict) else [model]  # clipped apart
                 norms = [torch.nn.utils.clip_grad_norm_(p.parameters(), cfg.grad_clip) for p in parts]
                 gnorm = torch.stack(norms).max()
                 finite = torch.isfinite(gnorm)  # a non-finite batch must not poison the weights
