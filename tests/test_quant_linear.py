@@ -67,6 +67,9 @@ def test_nvfp4_gemm_rejects_mismatched_weight():
     packed, scales, gs = _nvfp4_weight(32, 64)
     with pytest.raises(ValueError, match="do not match"):
         nvfp4_gemm_triton(torch.randn(2, 128).to(torch.bfloat16), packed, scales, gs)
+    with pytest.raises(ValueError, match="SLICES=0"):
+        nvfp4_gemm_triton(torch.randn(2, 64).to(torch.bfloat16), packed, scales, gs,
+                          {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SLICES": 0})
 
 
 def test_nvfp4_ptx_is_on_by_default_and_set_aside_by_name(monkeypatch):

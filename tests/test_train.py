@@ -530,6 +530,8 @@ def test_train_config_parses_bools_and_names_bad_values():
     assert TrainConfig.with_overrides(["ablation=1"]).ablation is True
     with pytest.raises(OcriaError, match="'maybe' is not a bool"):
         TrainConfig.with_overrides(["ablation=maybe"])
+    with pytest.raises(OcriaError, match="drafter_layers=-1"):
+        TrainConfig.with_overrides(["drafter_layers=-1"])
 
 
 def test_export_loads_unchanged_and_ships(tiny_preset, tmp_path, batch):

@@ -96,6 +96,8 @@ class TrainConfig:
                 setattr(cfg, key, value.lower() in ("true", "1") if kind is bool else kind(value))
             except ValueError:
                 raise OcriaError(f"bad --set {pair!r}: {value!r} is not a {kind.__name__}") from None
+        if cfg.drafter_layers < 0:  # 0 is the preset's depth; a negative one would build a drafter of no layers
+            raise OcriaError(f"bad --set drafter_layers={cfg.drafter_layers}: expected 0 (the preset's) or more")
         return cfg
 
 

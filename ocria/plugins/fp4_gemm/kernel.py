@@ -225,6 +225,8 @@ def nvfp4_gemm_triton(
     y = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
     if M > 0:
         cfg = {"SPLIT_K": 1, "SLICES": 1, **(config or default_config(M, N))}
+        if cfg["SLICES"] < 1:
+            raise ValueError(f"nvfp4_gemm config SLICES={cfg['SLICES']}: K is cut over 1 or more programs")
         grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]), cfg["SLICES"])
         k_slice = triton.cdiv(triton.cdiv(K, cfg["SLICES"]), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
         g = weight_scale_2.to(device=x.device, dtype=torch.float32).reshape(1)
