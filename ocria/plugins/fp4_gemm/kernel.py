@@ -184,15 +184,17 @@ def _nvfp4_gemm_kernel(
 def default_config(M: int, N: int, num_sms: int = 132) -> dict:
     """Tiles by M and N (bench/fp4_gemm_sass.py: the K loop's instructions per weight, registers, shared memory).
     M <= 16, by output width: the 248k-row head in 128-row tiles (wgmma, 3 programs per SM); 8k..64k rows in
-    64-row tiles (wgmma, one warpgroup); narrower outputs in 16-row tiles whose 4 warps each take a quarter of
-    the 512-wide K tile (SPLIT_K, mma.sync), so that N / 16 programs still give an SM 4 warps. Larger M: one M
-    tile of 32/64 rows and N tiles for ~2 programs per SM, in 3 stages (wgmma tiles also stage the dequantized
-    weights and the reordered x in shared memory); tiles under 64 rows split K over the warps likewise."""
+    32-row tiles with a 6-deep pipeline (fastest of 12 configurations at M = 1 and 16 for gate_up and GDN
+    in_proj on the H200, ahead of 64-row tiles and of K slices: bench/results/quant_gemm_slices_h200.json);
+    narrower outputs in 16-row tiles whose 4 warps each take a quarter of the 512-wide K tile (SPLIT_K,
+    mma.sync), so that N / 16 programs still give an SM 4 warps. Larger M: one M tile of 32/64 rows and N tiles
+    for ~2 programs per SM, in 3 stages (wgmma tiles also stage the dequantized weights and the reordered x in
+    shared memory); tiles under 64 rows split K over the warps likewise."""
     if M <= 16:
         if N >= 65536:
             return {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
         if N >= 8192:
-            return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 3}
+            return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 6}
         return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4}
     block_m = 32 if M <= 32 else 64
     block_n = 128
