@@ -370,6 +370,19 @@ def test_zero_steps_means_the_steps_that_fit_the_minutes(tiny_preset, tmp_path):
     assert run.call["config_changes"] == {"target_steps": fixed}
 
 
+def test_minutes_are_timed_by_the_next_call_when_one_stops_inside_the_warmup(tiny_preset, tmp_path):
+    cfg = _cfg(preset=tiny_preset, target_steps=0, target_minutes=0.001, target_warmup=15, target_batch=1,
+               log_every=100)
+    assert not Run(tmp_path, cfg, 600, max_steps=2).stage_target()  # stopped at step 2, nothing timed yet
+    run = Run(tmp_path, cfg, 600)
+    assert run.stage_target()  # timed steps 7..14 of the warmup
+    assert run.run["config"]["target_steps"] == run.run["stages"]["target"]["steps"] == 15
+    late = Run(tmp_path / "late", cfg, 600, max_steps=6)
+    assert not late.stage_target()
+    with pytest.raises(OcriaError, match="9 warmup steps are left.*--set target_steps=N"):
+        Run(tmp_path / "late", cfg, 600).stage_target()
+
+
 def test_sharded_state_round_trips_and_replaces_old_shards(tmp_path, monkeypatch):
     monkeypatch.setattr(ckpt, "MAX_SHARD_BYTES", 4096)
     tensors = {f"t{i}": torch.randn(300) for i in range(10)}

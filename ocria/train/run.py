@@ -221,7 +221,8 @@ class Run:
         warmup's last three quarters (the first steps wait for the data workers and the kernels' first
         launches: run 6's drafter timed 2.3 steps/s over steps 5-39 and then ran at 3.7), then fixes the total
         (recorded in run.json) before warmup ends, so the cosine schedule is known from then on and identical
-        in every later call.
+        in every later call. A call that stops inside the warmup before that (run 7's first drafter call did,
+        at step 56 of 100) leaves the timing to the next call, over what is left of the warmup.
         """
         cfg = self.cfg
         steps = getattr(cfg, steps_key)  # 0: not yet fixed (the first call times it, below)
@@ -237,10 +238,11 @@ class Run:
             step = meta["step"]
             self.log(f"{name}: resumed at step {step}")
         history = self.run["history"].setdefault(name, [])
-        timing_at = step + max(10, warmup - 1)
+        timing_at = max(step + 10, warmup - 1)
         timing_from = step + max(5, (timing_at - step) // 4)
         if steps <= 0 and timing_at >= warmup:
-            raise OcriaError(f"{name}: warmup {warmup} is too short to time the steps before it ends (>= 11)")
+            raise OcriaError(f"{name}: {warmup - step} warmup steps are left, too few to time the steps before the "
+                             f"warmup ends (>= 11): set --set {steps_key}=N")
         last_save = time.time()
         t_start, step_start = time.time(), step
         skipped = bad_run = torch.zeros((), dtype=torch.int64, device=self.device)  # on the GPU: read at log time
