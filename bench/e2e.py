@@ -307,21 +307,21 @@ def path_noise(target, prompt, tokens: list[int], block: int) -> float:
     on the same teacher-forced tokens: how far apart the two computations are in this precision."""
     cfg = target.text_config
     L = prompt.input_ids.numel()
-    caches = [TargetCache.allocate(cfg, 1, L + 2 * block, block, next(target.parameters()).dtype, "cuda")
-              for _ in range(2)]
+    embed = target.text.embed_tokens.weight
+    caches = [TargetCache.allocate(cfg, 1, L + 2 * block, block, embed.dtype, embed.device) for _ in range(2)]
     for c in caches:
         prefill(target, None, c, None, 0, prompt, chunk=1024)
-    slot = torch.zeros(1, dtype=torch.long, device="cuda")
-    ids = torch.tensor(tokens[:block], device="cuda")[None]
+    slot = torch.zeros(1, dtype=torch.long, device=embed.device)
+    ids = torch.tensor(tokens[:block], device=embed.device)[None]
 
     def run(cache, chunk):
         out = []
         for s in range(0, block, chunk):
-            index = cache.kv_len[slot].long()[:, None] + torch.arange(chunk, device="cuda")
+            index = cache.kv_len[slot].long()[:, None] + torch.arange(chunk, device=embed.device)
             pos = (index + cache.rope_delta[slot][:, None]).expand(3, 1, chunk)
             hidden, _ = target.forward_cached(target.text.embed_tokens(ids[:, s:s + chunk]), pos, cache, slot,
                                               "verify", attn_len=L + block)
-            cache.commit(slot, torch.full((1,), chunk, device="cuda"))
+            cache.commit(slot, torch.full((1,), chunk, device=embed.device))
             out.append(target.logits(hidden))
         return torch.cat(out, 1)
 

@@ -2,6 +2,12 @@
 on the same teacher-forced tokens, fp32 and bf16, ReplaySSM Triton kernels on and off.
 
     python bench/path_noise.py --out bench/results/path_noise_h200.json
+
+With ``--engine``: that engine's target (any recipe) on held-out documents, over every 16-token window of
+its own greedy answer (the prompt and the answer before the window prefilled): the noise scale that
+``python -m ocria.train eval``'s logit gaps at spec/ar divergences are to be read against.
+
+    python bench/path_noise.py --engine engines/ocria-mini-mixed --device cpu --docs 92 368 --out ...
 """
 
 import argparse
@@ -21,11 +27,43 @@ from ocria.data import LONG_PAGE, generate  # noqa: E402
 from ocria.runtime.processor import Processor  # noqa: E402
 
 
+def engine_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
+    """Per held-out document: the largest ar-vs-verify logit difference over its answer's 16-token windows."""
+    from ocria.runtime.engine import Engine
+    from ocria.runtime.processor import PreparedPrompt
+    from ocria.train.evaluate import heldout_pngs, transcribe
+
+    engine = Engine(engine_dir, device=device)
+    block = engine.block_size
+    rows = []
+    for doc in docs:
+        image = heldout_pngs(1, start=doc)[0][0]
+        answer = transcribe(engine, [image], "ar", 384, 1)[0]["tokens"]
+        prompt = engine.processor.prepare(image)
+        noise = 0.0
+        for start in range(0, max(1, len(answer) - block + 1), block):
+            prefix = torch.cat([prompt.input_ids, torch.tensor(answer[:start], dtype=torch.long)])
+            window = PreparedPrompt(prefix, prompt.pixel_values, prompt.image_grid_thw)
+            noise = max(noise, path_noise(engine.target, window, answer[start:start + block], block))
+        rows.append({"doc": doc, "answer_tokens": len(answer), "max_abs_logit_diff": noise})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="ocria-1-sim")
+    ap.add_argument("--engine", help="measure this engine's target on held-out documents instead")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--docs", type=int, nargs="+", default=[0], help="held-out document indices (with --engine)")
     ap.add_argument("--out", default="bench/results/path_noise_h200.json")
     args = ap.parse_args()
+    if args.engine:
+        rows = engine_noise(args.engine, args.device, args.docs)
+        out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": args.device,
+               "engine": args.engine, "command": " ".join(["python", *sys.argv]), "rows": rows}
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        return 0
     preset = load_preset(args.preset)
     buf = io.BytesIO()
     generate(7, kind="page", config=LONG_PAGE).image.save(buf, format="PNG")

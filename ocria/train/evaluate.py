@@ -6,6 +6,8 @@ import tempfile
 from contextlib import nullcontext
 from pathlib import Path
 
+import torch
+
 from ocria.builder.presets import Preset
 from ocria.data import SynthConfig, dataset
 from ocria.data.metrics import edit_distance
@@ -88,6 +90,9 @@ def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, bat
             drafter.config.selector_head = has_selector
         key = "selector_on" if use_selector else "selector_off"
         differ = divergences(spec, ar)
+        for d in differ[:8]:
+            d["logit_gap"] = logit_gap(engine, images[d["doc"]], ar[d["doc"]]["tokens"][:d["position"]],
+                                       d["ar_token"], d["spec_token"])
         out[key] = {
             "tau": tau(spec),
             "drafts_sent_per_step": sum(r["proposed"] for r in spec) / max(1, sum(r["steps"] for r in spec)),
@@ -115,6 +120,18 @@ def divergences(spec: list[dict], ar: list[dict]) -> list[dict]:
             out.append({"doc": i, "position": pos, "spec_token": _token_at(s["tokens"], pos),
                         "ar_token": _token_at(a["tokens"], pos)})
     return out
+
+
+@torch.no_grad()
+def logit_gap(engine: Engine, image: bytes, prefix: list[int], a: int | None, b: int | None) -> float | None:
+    """|logit a - logit b| after the prompt and ``prefix``, from one uncached forward (neither decode path): a
+    divergence whose gap is within the two paths' rounding noise is a floating-point tie, not a lost token."""
+    if a is None or b is None:
+        return None
+    prompt = engine.processor.prepare(image)
+    ids = torch.cat([prompt.input_ids, torch.tensor(prefix, dtype=torch.long)])[None].to(engine.device)
+    logits = engine.target(ids, prompt.pixel_values.to(engine.device), prompt.image_grid_thw.to(engine.device))
+    return float((logits[0, -1, a] - logits[0, -1, b]).abs())
 
 
 def probe_state(state: Path, preset: Preset, docs: int, max_tokens: int,
