@@ -10,7 +10,6 @@ from PIL import Image
 from ocria.builder.engine import build_engine
 from ocria.builder.presets import SHIPPED, load_preset, shipped_checkpoints
 from ocria.cli import build_main, main
-from ocria.data.metrics import edit_distance
 from ocria.runtime import load_engine
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -102,8 +101,7 @@ def test_shipped_weights_match_their_record(engine_dir):
 
 
 def test_default_engine_reads_the_examples(engine_dir, capsys):
-    """The shipped trained pair on CPU: report.png and checklist.png exactly, every example within 2% CER,
-    spec == ar."""
+    """The shipped trained pair on CPU reads every example exactly, and spec == ar."""
     for name in ("report", "checklist", "invoice_table"):
         truth = (EXAMPLES / f"{name}.md").read_text().rstrip("\n")
         outs = {}
@@ -113,10 +111,7 @@ def test_default_engine_reads_the_examples(engine_dir, capsys):
             assert main(args) == 0
             outs[mode] = json.loads(capsys.readouterr().out)
         assert outs["spec"]["token_ids"] == outs["ar"]["token_ids"], name
-        text = outs["spec"]["text"]
-        assert edit_distance(text, truth) <= 0.02 * len(truth), (name, text)
-        if name in ("report", "checklist"):
-            assert text == truth
+        assert outs["spec"]["text"] == truth, name
 
 
 def test_train_eval_measures_a_built_engine(engine_dir, tmp_path, capsys):
@@ -194,3 +189,27 @@ def test_slots_sized_from_free_gpu_memory(engine_dir):
         plan_batch_size(gib, 16 * gib, 0.9, gib, 8)
     with pytest.raises(Exception, match="gpu_memory_fraction must be in"):
         plan_batch_size(gib, 16 * gib, 1.5, gib, 8)
+
+
+def test_logit_gap_measures_greedy_margins_on_the_uncached_forward(engine_dir):
+    """The evaluation's tie check: ``logit_gap`` reads one uncached forward, whose argmax is ar's token at
+    every position (so a spec/ar divergence can be judged against it), and is None past either end."""
+    import torch
+
+    from ocria.runtime.engine import Engine
+    from ocria.train.evaluate import logit_gap, transcribe
+
+    engine = Engine(engine_dir, device="cpu")
+    image = EXAMPLE.read_bytes()
+    ar = transcribe(engine, [image], "ar", 5, 1)[0]["tokens"]
+    prompt = engine.processor.prepare(image)
+    for i, token in enumerate(ar):
+        ids = torch.cat([prompt.input_ids, torch.tensor(ar[:i], dtype=torch.long)])[None]
+        with torch.no_grad():
+            logits = engine.target(ids, prompt.pixel_values, prompt.image_grid_thw)[0, -1]
+        top2 = logits.topk(2)
+        assert int(top2.indices[0]) == token
+        margin = float(top2.values[0] - top2.values[1])
+        assert logit_gap(engine, image, ar[:i], token, int(top2.indices[1])) == pytest.approx(margin)
+        assert logit_gap(engine, image, ar[:i], token, token) == 0.0
+    assert logit_gap(engine, image, ar, ar[0], None) is None

@@ -355,8 +355,10 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     # random layers amplify each flip (1e-7 -> 6e-3 in one prefill row of layer 1, 14% at layer 7 here).
     # AWQ adds flipped weight codes (ModelOpt's exporter recomputes the scaled weight's amax one ulp away),
     # which trained weights amplify at the logits (0.6 of the quantization error with run 5's shipped pair,
-    # 1.1 with run 6's): end to end only a sanity bound, and the per-linear check below.
-    assert (ours - fake).abs().max() < (0.25 if algorithm == "max" else 2.0) * quant_error
+    # 1.1 with run 6's). With run 7's pair even max differs by 0.64 of it end to end (per linear: no row off),
+    # and ModelOpt's own fake-quantized model moves its logits by about as much (0.72) when its token
+    # embeddings are scaled by 1 + 1e-6 noise: end to end only a sanity bound, and the per-linear check below.
+    assert (ours - fake).abs().max() < (1.0 if algorithm == "max" else 2.0) * quant_error
     # So the execution is checked linear by linear on ModelOpt's own inputs: every output row equals ModelOpt's to
     # float rounding (AWQ: to 1% of the largest output, for the flipped weight codes) except rows that hold a
     # flipped activation code (rare).

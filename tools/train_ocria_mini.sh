@@ -10,9 +10,10 @@
 # The defaults (ocria/train/run.py TrainConfig) are the plan for ~3 calls: 5600 target steps on every
 # document kind, then the drafter with its local-conv-off ablation beside it, and the held-out evaluation. The
 # shipped weights did not come from that plan: runs 5 and 6 took 19700 target steps (batch 64, then 256 from
-# step 13236) and 1900 drafter steps (batch 128, 32 anchors) over many calls with the overrides that
-# SHIPPED.json's "calls" and bench/results/train_h200/README.md record, with generator and loader fixes made
-# between calls; a from-scratch rerun has not been done.
+# step 13236) over many calls, with generator and loader fixes made between calls; run 7 started from run 6's
+# exported target for 1400 more steps, then trained the 4-layer drafter for 2200 steps (batch 128, 32 anchors,
+# one fixed-point pass). bench/results/train_h200/README.md records every call's overrides, and SHIPPED.json
+# run 7's; a from-scratch rerun has not been done.
 # Extra arguments go to `python -m ocria.train run` (e.g. --set ablation=false when time is short).
 set -euo pipefail
 cd "$(dirname "$0")/.."
