@@ -2,6 +2,7 @@
 distillation (against the inference drafting path), export that loads unchanged, the CLI end to end."""
 
 import dataclasses
+import hashlib
 import io
 import json
 import math
@@ -532,6 +533,9 @@ def test_init_target_starts_from_an_exported_target(tiny_preset, tmp_path):
     assert again.stage_target()
     weights = [d / "model.safetensors" for d in (exported, tmp_path / "b" / "target")]
     assert weights[0].read_bytes() == weights[1].read_bytes()
+    started = again.run["init_target"]  # by content: shipping replaces the directory it names
+    assert started["files"]["model.safetensors"]["sha256"] == hashlib.sha256(weights[0].read_bytes()).hexdigest()
+    assert "init_target" not in first.run
     with pytest.raises(OcriaError, match="no config.json"):
         Run(tmp_path / "c", _cfg(preset=tiny_preset, init_target=str(tmp_path)), 600).stage_target()
     with pytest.raises(OcriaError, match="not this preset's target"):

@@ -26,6 +26,7 @@ from ocria.builder.presets import load_preset
 from ocria.data import generate, split_seeds
 from ocria.data import tokenizer as tokenizer_files
 from ocria.errors import OcriaError
+from ocria.manifest import file_table
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.runtime.engine import Engine
 from ocria.runtime.processor import Processor
@@ -316,6 +317,8 @@ class Run:
         model = build_target(self.preset.target, self.preset.seed)
         if cfg.init_target:
             load_exported_target(model, Path(cfg.init_target))
+            # by content, not path: the shipped target it started from is replaced when this run ships
+            self.run["init_target"] = {"path": cfg.init_target, "files": file_table(Path(cfg.init_target))}
             self.log(f"target: initialized from {cfg.init_target}")
         model = model.to(self.device)
         docs = [generate(seed, "line") for seed in split_seeds("heldout", 16)]
