@@ -58,6 +58,7 @@ from ocria.quant.recipe import load_recipe
 from ocria.runtime.decode import SamplingTensors, prefill
 from ocria.runtime.graphs import GraphDecoder
 from ocria.runtime.processor import Processor
+from ocria.train.evaluate import logit_gap
 
 sys.path.insert(0, str(Path(__file__).parent))  # bench/timing.py, also when loaded by path (tests)
 from timing import copy_bandwidth, kernel_table  # noqa: E402
@@ -281,14 +282,7 @@ def run_mode(target, drafter, prompt, rows, mode, table, args, source: str = "ar
 
 @functools.lru_cache(maxsize=256)
 def _margin(target, prompt_key, prefix: tuple[int, ...], a: int, b: int) -> float:
-    prompt = _PROMPTS[prompt_key]
-    ids = torch.cat([prompt.input_ids, torch.tensor(prefix, dtype=torch.long)]).cuda()
-    with torch.no_grad():
-        embeds = target.embed(ids[None], prompt.pixel_values.cuda(), prompt.image_grid_thw.cuda())
-        pos, _ = target.positions(ids[None], prompt.image_grid_thw.cuda())
-        hidden, _ = target.text(embeds, pos)
-        logits = target.logits(hidden[:, -1])[0]
-    return float((logits[a] - logits[b]).abs())
+    return logit_gap(target, _PROMPTS[prompt_key], list(prefix), a, b)
 
 
 _PROMPTS: dict[int, object] = {}

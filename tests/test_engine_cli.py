@@ -210,6 +210,6 @@ def test_logit_gap_measures_greedy_margins_on_the_uncached_forward(engine_dir):
         top2 = logits.topk(2)
         assert int(top2.indices[0]) == token
         margin = float(top2.values[0] - top2.values[1])
-        assert logit_gap(engine, image, ar[:i], token, int(top2.indices[1])) == pytest.approx(margin)
-        assert logit_gap(engine, image, ar[:i], token, token) == 0.0
-    assert logit_gap(engine, image, ar, ar[0], None) is None
+        assert logit_gap(engine.target, prompt, ar[:i], token, int(top2.indices[1])) == pytest.approx(margin)
+        assert logit_gap(engine.target, prompt, ar[:i], token, token) == 0.0
+    assert logit_gap(engine.target, prompt, ar, ar[0], None) is None

@@ -13,7 +13,9 @@ from ocria.data import SynthConfig, dataset
 from ocria.data.metrics import edit_distance
 from ocria.data.synth import DEFAULT_CONFIG
 from ocria.errors import OcriaError
+from ocria.models import OCRiaForConditionalGeneration
 from ocria.runtime.engine import Engine
+from ocria.runtime.processor import PreparedPrompt
 from ocria.runtime.sampling import SamplingParams
 from ocria.train import checkpoint as ckpt
 from ocria.train.export import export_model
@@ -91,8 +93,8 @@ def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, bat
         key = "selector_on" if use_selector else "selector_off"
         differ = divergences(spec, ar)
         for d in differ[:8]:
-            d["logit_gap"] = logit_gap(engine, images[d["doc"]], ar[d["doc"]]["tokens"][:d["position"]],
-                                       d["ar_token"], d["spec_token"])
+            d["logit_gap"] = logit_gap(engine.target, engine.processor.prepare(images[d["doc"]]),
+                                       ar[d["doc"]]["tokens"][:d["position"]], d["ar_token"], d["spec_token"])
         out[key] = {
             "tau": tau(spec),
             "drafts_sent_per_step": sum(r["proposed"] for r in spec) / max(1, sum(r["steps"] for r in spec)),
@@ -123,15 +125,20 @@ def divergences(spec: list[dict], ar: list[dict]) -> list[dict]:
 
 
 @torch.no_grad()
-def logit_gap(engine: Engine, image: bytes, prefix: list[int], a: int | None, b: int | None) -> float | None:
-    """|logit a - logit b| after the prompt and ``prefix``, from one uncached forward (neither decode path): a
-    divergence whose gap is within the two paths' rounding noise is a floating-point tie, not a lost token."""
+def logit_gap(target: OCRiaForConditionalGeneration, prompt: PreparedPrompt, prefix: list[int], a: int | None,
+              b: int | None) -> float | None:
+    """|logit a - logit b| after the prompt and ``prefix``, from one uncached forward (neither decode path) that
+    projects the last position only: a divergence whose gap is within the two paths' rounding noise is a
+    floating-point tie, not a lost token. None when either token is missing (past an end)."""
     if a is None or b is None:
         return None
-    prompt = engine.processor.prepare(image)
-    ids = torch.cat([prompt.input_ids, torch.tensor(prefix, dtype=torch.long)])[None].to(engine.device)
-    logits = engine.target(ids, prompt.pixel_values.to(engine.device), prompt.image_grid_thw.to(engine.device))
-    return float((logits[0, -1, a] - logits[0, -1, b]).abs())
+    dev = target.text.embed_tokens.weight.device
+    ids = torch.cat([prompt.input_ids, torch.tensor(prefix, dtype=torch.long)])[None].to(dev)
+    grid = prompt.image_grid_thw.to(dev)
+    positions, _ = target.positions(ids, grid)
+    hidden, _ = target.text(target.embed(ids, prompt.pixel_values.to(dev), grid), positions)
+    logits = target.logits(hidden[:, -1])[0]
+    return float((logits[a] - logits[b]).abs())
 
 
 def probe_state(state: Path, preset: Preset, docs: int, max_tokens: int,

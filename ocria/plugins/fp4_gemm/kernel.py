@@ -34,7 +34,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
-from ocria.plugins.rounding import widen_e4m3
+from ocria.plugins.rounding import bf16_bits, widen_e4m3
 from ocria.plugins.splitk import scratch, sum_splits
 from ocria.plugins.switch import disabled_kernels
 
@@ -76,9 +76,7 @@ fma.rn.bf16x2 $3, v, $5, z;
 @triton.jit
 def _store_bf16(acc, g_ptr, y_ptr, rm, rn, mmask, nmask, stride_ym):
     """acc [BLOCK_N, BLOCK_M] times ``weight_scale_2 * 2^26``, rounded once to bf16 bits (round-to-nearest-even)."""
-    y = acc * (tl.load(g_ptr) * 67108864.0)
-    b = y.to(tl.int32, bitcast=True)
-    bits = tl.where(y != y, 0x7FC0, ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).to(tl.int16)
+    bits = bf16_bits(acc * (tl.load(g_ptr) * 67108864.0))
     tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], bits, mask=mmask[None, :] & nmask[:, None])
 
 
