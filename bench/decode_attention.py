@@ -22,7 +22,7 @@ import time
 from functools import partial
 
 import torch
-from timing import finish, save_json, time_calls
+from timing import finish, rel_err, save_json, time_calls
 
 from ocria.builder.presets import load_preset
 from ocria.plugins.decode_attention.kernel import (
@@ -61,10 +61,6 @@ def case(shape: dict, B: int, ctx: int, dev: str, timed: bool):
     start = torch.full((B,), ctx - T, dtype=torch.int32, device=dev)
     slots = [torch.arange(B, device=dev) + i * B for i in range(copies)]
     return q, k, v, start, slots, kv_bytes
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-30))
 
 
 def measure(shape: dict, B: int, ctx: int, dev: str, sms: int) -> dict:

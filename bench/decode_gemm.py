@@ -27,7 +27,7 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from timing import copy_bandwidth, finish, save_json, time_calls
+from timing import copy_bandwidth, finish, rel_err, save_json, time_calls
 
 from ocria.builder.presets import load_preset
 from ocria.plugins.decode_gemm import decode_gemm_fp32, decode_gemm_triton, default_config
@@ -82,10 +82,6 @@ def ulp_stats(got: torch.Tensor, want: torch.Tensor) -> tuple[int, float]:
     """(max bf16 ulp distance, fraction of elements off) between two bf16 tensors."""
     d = (got.view(torch.int16).int() - want.view(torch.int16).int()).abs()
     return int(d.max()), float((d > 0).float().mean())
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-30))
 
 
 def accuracy(got: torch.Tensor, want: torch.Tensor) -> dict:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import torch
+from timing import rel_err
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_attention import decode_attention
@@ -73,21 +74,16 @@ def check_replay(dtype: torch.dtype, dev: str) -> dict:
     mine, ref = [t.clone() for t in state], [t.clone() for t in state]
     out = replay_verify(*views, *params, *mine, pending, slots, use_kernel=True)
     want = R.replay_verify_ref(q, k, v, a, b, *params, *ref, pending, slots)
-    errs = [_rel(out, want)] + [_rel(x, y) for x, y in zip(mine, ref, strict=True)]
+    errs = [rel_err(out, want)] + [rel_err(x, y) for x, y in zip(mine, ref, strict=True)]
     x, w, buf = r(B, T, C).to(dtype), r(C, KW), r(S, C, KW - 1 + Tmax).to(dtype)
     (x_view,) = _fused_views(x)
     buf_mine, buf_ref = buf.clone(), buf.clone()
     y = causal_conv_verify(x_view, w, buf_mine, pending, slots, use_kernel=True)
     y_ref = R.causal_conv_verify_ref(x, w, buf_ref, pending, slots)
-    errs += [_rel(y, y_ref), _rel(buf_mine, buf_ref)]
+    errs += [rel_err(y, y_ref), rel_err(buf_mine, buf_ref)]
     tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 inputs take tf32 products in the kernel
     return {"kernel": "replay_verify + causal_conv_verify (strided)", "dtype": str(dtype), "max_rel_err": max(errs),
             "tolerance": tol, "ok": max(errs) <= tol}
-
-
-def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
-    """Max abs difference over the reference's max magnitude (one number per tensor)."""
-    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-12))
 
 
 def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
@@ -141,7 +137,7 @@ def check_attention(dtype: torch.dtype, dev: str) -> dict:
         slots = torch.randperm(S, generator=g, device=dev)[:8]
         start = torch.randint(0, L - 40, (8,), generator=g, device=dev, dtype=torch.int32)
         got = decode_attention(q, k, v, slots, start, 512, 256**-0.5, causal, use_kernel=True)
-        errs.append(_rel(got, decode_attention_reference(q, k, v, slots, start, 512, 256**-0.5, causal)))
+        errs.append(rel_err(got, decode_attention_reference(q, k, v, slots, start, 512, 256**-0.5, causal)))
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     return {"kernel": "decode_attention", "dtype": str(dtype), "max_rel_err": max(errs), "tolerance": tol,
             "ok": max(errs) <= tol}
@@ -167,7 +163,7 @@ def check_decode_gemm(dev: str, norm: bool) -> dict:
             def run(rows, x=x, w=w):
                 return decode_gemm(x[rows], w, use_kernel=True), None
             block, want = run(slice(0, 16))[0], decode_gemm_fp32(x, w)
-        errs.append(_rel(block, want))
+        errs.append(rel_err(block, want))
         invariant &= all(torch.equal(run(slice(m, m + 1))[0][0], block[m]) for m in (0, 7, 15))
     tol = 1e-2  # one bf16 rounding of the output (the sum order differs from the exact product's)
     return {"kernel": "decode_gemm_norm" if norm else "decode_gemm", "dtype": "torch.bfloat16",
@@ -186,7 +182,7 @@ def check_decode_gemm_fp8(dev: str) -> dict:
         sx = torch.rand(16, 1, generator=g, device=dev) * 1e-2
         sw = torch.rand(N, generator=g, device=dev) * 1e-3
         block = decode_gemm_fp8_triton(q, w, sx, sw)
-        errs.append(_rel(block, decode_gemm_fp8_fp32(q, w, sx, sw)))
+        errs.append(rel_err(block, decode_gemm_fp8_fp32(q, w, sx, sw)))
         invariant &= all(torch.equal(decode_gemm_fp8_triton(q[m:m + 1], w, sx[m:m + 1], sw)[0], block[m])
                          for m in (0, 7, 15))
     return {"kernel": "decode_gemm_fp8", "dtype": "torch.float8_e4m3fn", "max_rel_err": max(errs), "tolerance": 1e-2,
@@ -238,7 +234,7 @@ def _check_nvfp4_gemm(dev: str, shapes: tuple) -> dict:
         got = nvfp4_gemm(x, packed, scales, gs, use_kernel=True)
         want = nvfp4_gemm_reference(x, packed, scales, gs)
         nan_same &= torch.equal(got.isnan(), want.isnan())
-        errs.append(_rel(got[~want.isnan()], want[~want.isnan()]))
+        errs.append(rel_err(got[~want.isnan()], want[~want.isnan()]))
     tol = 1e-2  # one bf16 rounding of the output (the sum order differs from the reference's)
     return {"kernel": "nvfp4_gemm", "dtype": "torch.bfloat16", "max_rel_err": max(errs), "tolerance": tol,
             "nan_same": nan_same, "ok": max(errs) <= tol and nan_same}

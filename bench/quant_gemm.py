@@ -30,7 +30,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from timing import copy_bandwidth, time_calls
+from timing import copy_bandwidth, rel_err, time_calls
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_gemm import MAX_M, decode_gemm_fp8_triton
@@ -66,10 +66,6 @@ def make_weights(k: int, n: int) -> dict:
             "block_scales": bscales, "global_scale": gs}
 
 
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
-
-
 def correctness(name: str, k: int, n: int, wts: dict) -> dict:
     x = torch.randn(16, k, device="cuda").to(torch.bfloat16)
     got = nvfp4_gemm(x, wts["packed"], wts["block_scales"], wts["global_scale"]).float()
@@ -80,9 +76,9 @@ def correctness(name: str, k: int, n: int, wts: dict) -> dict:
     xq = nx.dequantize_fp8(nx.quantize_fp8(x, in_scale), in_scale, torch.float32)
     ref8 = xq @ nx.dequantize_fp8(wts["fp8"], wts["fp8_scale"], torch.float32).t()
     y8d = decode_gemm_fp8_triton(nx.quantize_fp8(x, in_scale), wts["fp8"], in_scale, wts["fp8_scale"]).float()
-    return {"shape": name, "nvfp4_max_rel_err": rel(got, ref), "fp8_layer_max_rel_err": rel(y8, ref8),
-            "fp8_decode_max_rel_err": rel(y8d, ref8), "nvfp4_ok": rel(got, ref) < 1e-2,
-            "fp8_ok": rel(y8, ref8) < 1e-2 and rel(y8d, ref8) < 1e-2}
+    return {"shape": name, "nvfp4_max_rel_err": rel_err(got, ref), "fp8_layer_max_rel_err": rel_err(y8, ref8),
+            "fp8_decode_max_rel_err": rel_err(y8d, ref8), "nvfp4_ok": rel_err(got, ref) < 1e-2,
+            "fp8_ok": rel_err(y8, ref8) < 1e-2 and rel_err(y8d, ref8) < 1e-2}
 
 
 def main() -> None:
@@ -140,7 +136,7 @@ def main() -> None:
                 ref = nvfp4_gemm_reference(x, base["packed"], base["block_scales"], gs)
                 for lever in LEVER_CONFIGS:
                     cfg = {**lever, "BLOCK_M": 16}
-                    err = rel(nvfp4_gemm_triton(x, base["packed"], base["block_scales"], gs, cfg), ref)
+                    err = rel_err(nvfp4_gemm_triton(x, base["packed"], base["block_scales"], gs, cfg), ref)
                     us = time_calls([lambda s=s, x=x, gs=gs, c=cfg: nvfp4_gemm_triton(
                         x, s["packed"], s["block_scales"], gs, c) for s in sets["nvfp4"]])
                     tried.append({"config": cfg, "us": us, "max_rel_err": err})

@@ -1,4 +1,4 @@
-"""Shared GPU timing and result writing for the benchmarks."""
+"""Shared GPU timing, error measure and result writing for the benchmarks."""
 
 import json
 import os
@@ -7,6 +7,11 @@ import sys
 import time
 
 import torch
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Max abs difference over the reference's max magnitude (one number per tensor)."""
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
 
 
 def time_calls(fns: list, min_calls: int = 20, replays: int = 15) -> float:
