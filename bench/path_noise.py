@@ -3,8 +3,8 @@ on the same teacher-forced tokens, fp32 and bf16, ReplaySSM Triton kernels on an
 
     python bench/path_noise.py --out bench/results/path_noise_h200.json
 
-With ``--engine``: that engine's target (any recipe) on held-out documents, over every 16-token window of
-its own greedy answer (the prompt and the answer before the window prefilled): the noise scale that
+With ``--engine``: that engine's target (any recipe) on held-out documents, over 16-token windows covering
+its whole greedy answer (the prompt and the answer before the window prefilled): the noise scale that
 ``python -m ocria.train eval``'s logit gaps at spec/ar divergences are to be read against.
 
     python bench/path_noise.py --engine engines/ocria-mini-mixed --device cpu --docs 92 368 --out ...
@@ -28,7 +28,8 @@ from ocria.runtime.processor import Processor  # noqa: E402
 
 
 def engine_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
-    """Per held-out document: the largest ar-vs-verify logit difference over its answer's 16-token windows."""
+    """Per held-out document: the largest ar-vs-verify logit difference over block-wide windows that cover its
+    whole answer (the last one ends at the answer's end)."""
     from ocria.runtime.engine import Engine
     from ocria.runtime.processor import PreparedPrompt
     from ocria.train.evaluate import heldout_pngs, transcribe
@@ -39,12 +40,18 @@ def engine_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
     for doc in docs:
         image = heldout_pngs(1, start=doc)[0][0]
         answer = transcribe(engine, [image], "ar", 384, 1)[0]["tokens"]
+        if not answer:
+            raise SystemExit(f"held-out document {doc}: the engine's answer is empty, nothing to compare")
         prompt = engine.processor.prepare(image)
+        width = min(block, len(answer))
+        starts = list(range(0, len(answer) - width + 1, width))
+        if starts[-1] + width < len(answer):
+            starts.append(len(answer) - width)  # the tail, overlapping the window before it
         noise = 0.0
-        for start in range(0, max(1, len(answer) - block + 1), block):
+        for start in starts:
             prefix = torch.cat([prompt.input_ids, torch.tensor(answer[:start], dtype=torch.long)])
             window = PreparedPrompt(prefix, prompt.pixel_values, prompt.image_grid_thw)
-            noise = max(noise, path_noise(engine.target, window, answer[start:start + block], block))
+            noise = max(noise, path_noise(engine.target, window, answer[start:start + width], width))
         rows.append({"doc": doc, "answer_tokens": len(answer), "max_abs_logit_diff": noise})
         print(rows[-1], flush=True)
     return rows
