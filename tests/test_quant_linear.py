@@ -177,7 +177,7 @@ def test_concat_fp8_with_different_scales_equals_separate_layers():
 
 
 def test_fp8_decode_rows_run_the_decode_gemm():
-    """With the kernels on (the interpreter here; opt-in on CUDA), up to 16 rows of an FP8 layer are one
+    """With the kernels on (the interpreter here; the default on CUDA), up to 16 rows of an FP8 layer are one
     decode-GEMM launch on the quantized input: per-token scales, a fused layer's per-channel weight scales."""
     from ocria.plugins.decode_gemm import decode_gemm_fp8_triton
 

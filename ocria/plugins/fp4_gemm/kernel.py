@@ -23,7 +23,8 @@ NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that 
 ``SLICES`` (a config key, default 1) cuts K over that many programs per tile, reduced in the launch
 (``ocria.plugins.splitk``): at M = 1 the 12288-wide MLP projection has 192 programs of 4 warps for 132 SMs,
 too few warps to hide the dequantization's dependent instructions (5x its bytes' floor,
-bench/results/quant_gemm_h200_run3.json). Not in the default tiles until bench/quant_gemm.py has timed it.
+bench/results/quant_gemm_h200_run3.json). Timed on the H200 it never won (bench/results/quant_gemm_slices_h200.json):
+no default tile uses it.
 """
 
 import torch
