@@ -20,10 +20,10 @@ from ocria.plugins.replay_ssm.reference import delta_step, l2norm
 from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
 from ocria.train.__main__ import main as train_main
-from ocria.train.data import IGNORE, collate, encode, image_swap_pair, loader
+from ocria.train.data import IGNORE, _Batches, collate, encode, image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
 from ocria.train.evaluate import divergences
-from ocria.train.export import export_model, ship
+from ocria.train.export import export_model, load_exported, ship
 from ocria.train.gdn_chunked import chunk_gated_delta_rule, chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at
 from ocria.train.run import Run, TrainConfig
@@ -32,7 +32,6 @@ from ocria.train.target import (
     build_target,
     image_reliance,
     init_gdn_memory,
-    load_exported_target,
     target_loss,
 )
 from ocria.train.vision_batched import batched_vision, batched_vision_forward
@@ -538,8 +537,41 @@ def test_init_target_starts_from_an_exported_target(tiny_preset, tmp_path):
     assert "init_target" not in first.run
     with pytest.raises(OcriaError, match="no config.json"):
         Run(tmp_path / "c", _cfg(preset=tiny_preset, init_target=str(tmp_path)), 600).stage_target()
-    with pytest.raises(OcriaError, match="not this preset's target"):
-        load_exported_target(build_target(load_preset("ocria-mini").target, 0), exported)
+    with pytest.raises(OcriaError, match="not built like this run's model"):
+        load_exported(build_target(load_preset("ocria-mini").target, 0), exported, "init_target")
+
+
+def test_init_drafter_starts_from_an_exported_drafter(tiny_preset, tmp_path):
+    """A further run fine-tunes a trained drafter: with a zero learning rate it exports the same bytes; beside a
+    from-scratch ablation drafter it is refused (their taus would not measure the extension alone)."""
+    first = Run(tmp_path / "a", _cfg(preset=tiny_preset, ablation=False, block_size=4, fixed_point_iters=1), 600)
+    assert first.stage_target() and first.stage_drafter()
+    exported = tmp_path / "a" / "drafter"
+    again = Run(tmp_path / "b", _cfg(preset=tiny_preset, ablation=False, block_size=4, fixed_point_iters=1,
+                                     init_target=str(tmp_path / "a" / "target"), target_steps=1,
+                                     init_drafter=str(exported), drafter_lr=0.0), 600)
+    assert again.stage_target() and again.stage_drafter()
+    weights = [d / "model.safetensors" for d in (exported, tmp_path / "b" / "drafter")]
+    assert weights[0].read_bytes() == weights[1].read_bytes()
+    assert again.run["init_drafter"]["files"]["model.safetensors"]["sha256"] == hashlib.sha256(
+        weights[0].read_bytes()).hexdigest()
+    with pytest.raises(OcriaError, match="needs --set ablation=false"):
+        TrainConfig.with_overrides([f"init_drafter={exported}"])
+    deeper = Run(tmp_path / "c", _cfg(preset=tiny_preset, ablation=False, block_size=4, fixed_point_iters=1,
+                                      drafter_layers=2, init_drafter=str(exported)), 600)
+    assert deeper.stage_target()
+    with pytest.raises(OcriaError, match="init_drafter .* not built like this run's model"):
+        deeper.stage_drafter()
+
+
+def test_data_offset_starts_the_train_split_at_that_document(tiny_preset, tmp_path):
+    """A further run reads documents earlier runs did not: batch b holds documents offset + b*B on."""
+    assert next(iter(_Batches(1, 2, 5))) == [7, 8]
+    run = Run(tmp_path, _cfg(preset=tiny_preset, data_kind="", data_offset=5), 600)
+    got = next(iter(run._batches(2, 1, 0))).input_ids  # batch 1 of size 2: documents 7 and 8, right-padded
+    for row, doc in enumerate((7, 8)):
+        alone = next(iter(loader(load_preset(tiny_preset).assets, 1, doc, 0))).input_ids[0]
+        assert torch.equal(got[row, :len(alone)], alone)
 
 
 def test_train_config_parses_bools_and_names_bad_values():

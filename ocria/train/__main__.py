@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             run = ckpt.read_run(state) or {}
             if run.get("stage") != "done":
                 raise OcriaError(f"{state}: the run is not done yet (python -m ocria.train status --state {state})")
-            training = {k: run[k] for k in ("config", "seeds", "init_target", "stages", "results", "calls") if k in run}
+            kept = ("config", "seeds", "init_target", "init_drafter", "stages", "results", "calls")
+            training = {k: run[k] for k in kept if k in run}
             for path in ship(state / "target", state / "drafter", load_preset(args.preset), training):
                 print(path)
     except OcriaError as e:

@@ -1,9 +1,10 @@
 """Training batches: synthetic documents encoded exactly as at inference, rendered by worker processes.
 
 Sample ``i`` of the train split is document ``split_seeds("train", 1, start=i)``; batch ``b`` holds
-samples ``b*B .. b*B+B-1``. The data cursor of a checkpoint is therefore just the next batch index,
-and a resumed run sees the same documents in the same order. Rendering + preprocessing costs a few
-ms per document, so ``loader`` spreads it over DataLoader worker processes.
+samples ``o + b*B .. o + b*B+B-1`` (``o``: the run's ``data_offset``, 0 unless a further run asks for documents
+earlier runs did not read). The data cursor of a checkpoint is therefore just the next batch index, and a resumed
+run sees the same documents in the same order. Rendering + preprocessing costs a few ms per document, so
+``loader`` spreads it over DataLoader worker processes.
 """
 
 import dataclasses
@@ -132,24 +133,26 @@ class _Collate:
 
 
 class _Batches:
-    """Sample indices of batches ``start, start + 1, ...`` (endless; the caller stops)."""
+    """Sample indices of batches ``start, start + 1, ...`` (endless; the caller stops), ``first_doc`` on."""
 
-    def __init__(self, start: int, size: int):
-        self.start, self.size = start, size
+    def __init__(self, start: int, size: int, first_doc: int = 0):
+        self.start, self.size, self.first_doc = start, size, first_doc
 
     def __iter__(self):
         b = self.start
         while True:
-            yield list(range(b * self.size, (b + 1) * self.size))
+            yield list(range(self.first_doc + b * self.size, self.first_doc + (b + 1) * self.size))
             b += 1
 
 
 def loader(assets: Path, batch_size: int, start_batch: int, workers: int, split: str = "train",
-           pad_id: int = 0, kind: str | None = None) -> DataLoader:
-    """Batches ``start_batch, start_batch + 1, ...`` of ``split``, in order, without end. Each worker keeps
+           pad_id: int = 0, kind: str | None = None, first_doc: int = 0) -> DataLoader:
+    """Batches ``start_batch, start_batch + 1, ...`` of ``split`` counted from document ``first_doc``, in order,
+    without end. Each worker keeps
     up to 4 batches ready, fewer for big batches (the patch bytes are about half a MB per page: at batch 256,
     12 workers x 4 batches would hold GBs of host memory)."""
-    return DataLoader(SplitDocuments(assets, split, kind=kind), batch_sampler=_Batches(start_batch, batch_size),
+    batches = _Batches(start_batch, batch_size, first_doc)
+    return DataLoader(SplitDocuments(assets, split, kind=kind), batch_sampler=batches,
                       collate_fn=_Collate(pad_id),
                       num_workers=workers, pin_memory=torch.cuda.is_available(),
                       prefetch_factor=max(1, min(4, 512 // batch_size)) if workers else None, persistent_workers=False)

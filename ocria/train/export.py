@@ -38,6 +38,31 @@ def export_model(model: OCRiaForConditionalGeneration | DFlash2Drafter, director
     return _replace_dir(tmp, directory)
 
 
+@torch.no_grad()
+def load_exported(model: OCRiaForConditionalGeneration | DFlash2Drafter, directory: Path, setting: str,
+                  target: OCRiaForConditionalGeneration | None = None) -> dict:
+    """Copy an exported (HF) model's weights into a training model built from the same preset, as fp32 masters:
+    a later run continues a trained model (its optimizer moments start at zero, so give it a warmup). A drafter
+    loads bound to ``target``. Returns the directory's file table, to record what the run started from by
+    content: shipping replaces the directory it names."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise OcriaError(f"{setting} {directory}: no config.json (expected an HF directory)")
+    if isinstance(model, DFlash2Drafter):
+        trained = DFlash2Drafter.from_pretrained(directory, target).state_dict()
+    else:
+        trained = OCRiaForConditionalGeneration.from_pretrained(directory, torch.float32, "cpu").state_dict()
+    ours = model.state_dict()
+    differ = sorted(k for k in ours.keys() | trained.keys()
+                    if k not in ours or k not in trained or ours[k].shape != trained[k].shape)
+    if differ:
+        raise OcriaError(f"{setting} {directory}: not built like this run's model ({len(differ)} tensors differ, "
+                         f"first {differ[0]!r})")
+    for name, tensor in trained.items():
+        ours[name].copy_(tensor)
+    return {"path": str(directory), "files": file_table(directory)}
+
+
 def shipped_bytes(*directories: Path) -> int:
     return sum(f.stat().st_size for d in directories for f in Path(d).glob("*.safetensors"))
 

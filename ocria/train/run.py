@@ -26,7 +26,6 @@ from ocria.builder.presets import load_preset
 from ocria.data import generate, split_seeds
 from ocria.data import tokenizer as tokenizer_files
 from ocria.errors import OcriaError
-from ocria.manifest import file_table
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.runtime.engine import Engine
 from ocria.runtime.processor import Processor
@@ -34,10 +33,10 @@ from ocria.train import checkpoint as ckpt
 from ocria.train.data import image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
 from ocria.train.evaluate import engine_dir, evaluate, heldout_pngs
-from ocria.train.export import export_model, shipped_bytes
+from ocria.train.export import export_model, load_exported, shipped_bytes
 from ocria.train.gdn_chunked import chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at, set_lr
-from ocria.train.target import build_target, image_reliance, load_exported_target, target_loss
+from ocria.train.target import build_target, image_reliance, target_loss
 from ocria.train.vision_batched import batched_vision
 
 STAGES = ("check", "target", "drafter", "drafter_noconv", "eval", "done")
@@ -58,6 +57,9 @@ class TrainConfig:
     target_warmup: int = 300
     init_target: str = ""  # an HF target directory (e.g. ocria/assets/ocria-mini/target) to start from instead of
     # the seeded init: a further run of a trained target, with its own schedule; a resumed checkpoint still wins
+    init_drafter: str = ""  # the same for the shipped drafter (an HF drafter directory); needs ablation=false: an
+    # ablation drafter trained from scratch beside it would not differ from it by the extension only
+    data_offset: int = 0  # the train split from this document on: a further run reads documents earlier runs did not
     drafter_steps: int = 0  # 0: as many as fit in drafter_minutes
     drafter_minutes: float = 2.0
     ablation: bool = True  # also train a local-conv-off drafter, beside the shipped one, for its tau
@@ -97,6 +99,11 @@ class TrainConfig:
                 setattr(cfg, key, value.lower() in ("true", "1") if kind is bool else kind(value))
             except ValueError:
                 raise OcriaError(f"bad --set {pair!r}: {value!r} is not a {kind.__name__}") from None
+        if cfg.init_drafter and cfg.ablation:
+            raise OcriaError("--set init_drafter needs --set ablation=false: the local-conv-off drafter would start "
+                             "from scratch beside it, so their taus would not measure the extension alone")
+        if cfg.data_offset < 0:
+            raise OcriaError(f"bad --set data_offset={cfg.data_offset}: expected a document index >= 0")
         if cfg.drafter_layers < 0:  # 0 is the preset's depth; a negative one would build a drafter of no layers
             raise OcriaError(f"bad --set drafter_layers={cfg.drafter_layers}: expected 0 (the preset's) or more")
         return cfg
@@ -208,11 +215,12 @@ class Run:
         lines are the easy case of reading), then ``data_kind`` (every kind by default)."""
         cfg, assets = self.cfg, self.preset.assets
         if start < line_steps and not cfg.data_kind:
-            lines = loader(assets, batch_size, start, cfg.workers, kind="line")
+            lines = loader(assets, batch_size, start, cfg.workers, kind="line", first_doc=cfg.data_offset)
             yield from (batch for _, batch in zip(range(line_steps - start), lines))
             del lines  # its workers stop before the next loader's start
             start = line_steps
-        yield from loader(assets, batch_size, start, cfg.workers, kind=cfg.data_kind or None)
+        yield from loader(assets, batch_size, start, cfg.workers, kind=cfg.data_kind or None,
+                          first_doc=cfg.data_offset)
 
     def _loop(self, name: str, model: torch.nn.Module, steps_key: str, minutes: float, batch_size: int, lr: float,
               warmup: int, loss_fn, line_steps: int = 0) -> bool:
@@ -316,9 +324,7 @@ class Run:
         cfg = self.cfg
         model = build_target(self.preset.target, self.preset.seed)
         if cfg.init_target:
-            load_exported_target(model, Path(cfg.init_target))
-            # by content, not path: the shipped target it started from is replaced when this run ships
-            self.run["init_target"] = {"path": cfg.init_target, "files": file_table(Path(cfg.init_target))}
+            self.run["init_target"] = load_exported(model, Path(cfg.init_target), "init_target")
             self.log(f"target: initialized from {cfg.init_target}")
         model = model.to(self.device)
         docs = [generate(seed, "line") for seed in split_seeds("heldout", 16)]
@@ -373,6 +379,10 @@ class Run:
         variants = {"drafter": True, "drafter_noconv": False} if cfg.ablation else {"drafter": True}
         drafters = torch.nn.ModuleDict({name: build_drafter(self._drafter_cfg(conv), target, self.preset.seed + 1)
                                         for name, conv in variants.items()}).to(self.device)
+        if cfg.init_drafter:
+            start = load_exported(drafters["drafter"], Path(cfg.init_drafter), "init_drafter", target)
+            self.run["init_drafter"] = start
+            self.log(f"drafter: initialized from {cfg.init_drafter}")
         config = drafters["drafter"].config
         capture = tuple(config.target_layer_ids)
         eos = self.preset.target["text_config"].get("eos_token_id", 2)

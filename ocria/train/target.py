@@ -1,13 +1,11 @@
 """Target training: teacher forcing on prompt + Markdown answer, cross-entropy on the answer tokens only."""
 
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ocria.errors import OcriaError
 from ocria.models import OCRiaConfig, OCRiaForConditionalGeneration
 from ocria.models.gdn import GatedDeltaNet
 from ocria.models.init import name_seeded, random_init
@@ -46,23 +44,6 @@ def build_target(target_cfg: dict, seed: int) -> OCRiaForConditionalGeneration:
     for p in model.parameters():
         p.requires_grad_(True)
     return model.train()
-
-
-@torch.no_grad()
-def load_exported_target(model: OCRiaForConditionalGeneration, directory: Path) -> None:
-    """Copy an exported (HF) target's weights into a training model of the same preset, as fp32 masters: a
-    later run continues a trained target. Its optimizer moments start at zero, so give it a warmup."""
-    if not (Path(directory) / "config.json").is_file():
-        raise OcriaError(f"init_target {directory}: no config.json (expected an HF target directory)")
-    trained = OCRiaForConditionalGeneration.from_pretrained(directory, torch.float32, "cpu").state_dict()
-    ours = model.state_dict()
-    differ = sorted(k for k in ours.keys() | trained.keys()
-                    if k not in ours or k not in trained or ours[k].shape != trained[k].shape)
-    if differ:
-        raise OcriaError(f"init_target {directory}: not this preset's target ({len(differ)} tensors differ, "
-                         f"first {differ[0]!r})")
-    for name, tensor in trained.items():
-        ours[name].copy_(tensor)
 
 
 def target_loss(model: OCRiaForConditionalGeneration, batch: Batch) -> Tensor:
