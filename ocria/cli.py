@@ -18,6 +18,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", help="quantization recipe name or YAML (default: bf16)")
     p.add_argument("--calib", default="synthetic:32", help="calibration set: a directory of images or synthetic:N")
     p.add_argument("--allow-vision-quant", action="store_true", help="let a recipe quantize the vision encoder")
+    p.add_argument("--device", default="cpu",
+                   help="where a quantized build calibrates and checks accuracy: cpu or cuda (awq_lite and mse "
+                        "search NVFP4 scales on cuda only; on cpu they fall back to max)")
     p.add_argument("--preset", default="ocria-mini", help="model preset (configs/presets/NAME.yaml)")
     p.add_argument("--out", default="engines/ocria-mini", help="engine directory to write")
     p.add_argument("--force", action="store_true", help="replace an existing engine directory")
@@ -31,7 +34,7 @@ def cmd_engine(args: argparse.Namespace) -> int:
     profile = {k: v for k, v in (("max_batch_size", args.max_batch_size), ("max_seq_len", args.max_seq_len))
                if v is not None}
     out = build_engine(args.out, args.target, args.drafter, args.recipe, args.preset, args.force, args.calib,
-                       args.allow_vision_quant, profile)
+                       args.allow_vision_quant, profile, device=args.device)
     print(f"engine written to {out}")
     return 0
 

@@ -239,6 +239,7 @@ BAD = {
     "only protected": ("rules:\n  - {match: 'lm_head', format: fp8}\n", "stay BF16"),
     "bad budget": ("rules: []\nauto: {effective_bits: 2.0}\n", "effective_bits"),
     "unknown key": ("rule: []\n", "unknown recipe keys"),
+    "unknown algorithm": ("algorithm: gptq\nrules: []\n", "'gptq'; choose one of max, awq_lite, mse"),
 }
 
 
@@ -250,6 +251,15 @@ def test_bad_recipe_refused_before_any_work(tmp_path, case):
     with pytest.raises(OcriaError, match=message):
         build_engine(tmp_path / "out", recipe=str(path), calib="synthetic:1", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing started, nothing left
+
+
+@pytest.mark.parametrize("device, message", [("tpu", "'tpu': expected cpu or cuda"),
+                                             ("cuda:x", "'cuda:x': expected cpu or cuda")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "this machine has no CUDA device")]))
+def test_bad_calibration_device_refused_before_any_work(tmp_path, capsys, device, message):
+    assert build_main(["engine", "--out", str(tmp_path / "x"), "--recipe", "fp8", "--device", device]) == 2
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
 
 
 def test_bad_recipe_cli_and_vision_opt_in(tmp_path, capsys):
@@ -299,11 +309,12 @@ def test_directory_calibration_set(tmp_path):
         check_calib_spec("synthetic:zero")
 
 
-@pytest.mark.parametrize("algorithm", ["max", "awq_lite"])
+@pytest.mark.parametrize("algorithm", ["max", "awq_lite", "mse"])
 def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     """FP8 runs fake-quantized in ModelOpt on CPU, so the exported-and-loaded target can be checked
     against ModelOpt's own quantized model end to end (prefill + teacher-forced decode logits), with
-    max calibration and with AWQ-lite (whose per-channel ``pre_quant_scale`` the loader applies)."""
+    max calibration, with AWQ-lite (whose per-channel ``pre_quant_scale`` the loader applies) and with
+    MSE (max, then each weight's amax searched for the least weight quantization error)."""
     import modelopt.torch.quantization as mtq
 
     from ocria.quant.calibrate import calibration_set, forward_loop, run_document
@@ -317,7 +328,25 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     model = OCRiaForConditionalGeneration.from_pretrained(target_dir)
     samples = calibration_set("synthetic:2", Processor(spec.assets))
     bf16_tokens, bf16_logits = run_document(model, samples[0].prompt, 4)
+    twin = copy.deepcopy(model) if algorithm == "mse" else None
     mtq.quantize(model, quant_cfg(load_recipe("fp8"), algorithm), forward_loop(samples, 2))
+    if algorithm == "mse":
+        # MSE keeps max's activation amaxes and moves the weight amaxes, never to a larger weight error
+        # (ModelOpt's own fake quantizer) than max's and to a smaller one for most layers.
+        mtq.quantize(twin, quant_cfg(load_recipe("fp8"), "max"), forward_loop(samples, 2))
+        by_max = dict(twin.named_modules())
+        moved = lower = 0
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if not getattr(getattr(module, "weight_quantizer", None), "is_enabled", False):
+                    continue
+                ref = by_max[name]
+                assert torch.equal(module.input_quantizer.amax, ref.input_quantizer.amax), name
+                error, max_error = ((m.weight_quantizer(m.weight) - m.weight).square().sum() for m in (module, ref))
+                assert error <= max_error, name
+                moved += not torch.equal(module.weight_quantizer.amax, ref.weight_quantizer.amax)
+                lower += bool(error < max_error)
+        assert moved > 20 and lower > 0.5 * moved
     from modelopt.torch.export.unified_export_hf import requantize_resmooth_fused_llm_layers
 
     from ocria.quant.export import ExportView
@@ -327,7 +356,7 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     reference = copy.deepcopy(model)  # export leaves quantized weights in the model it exports
     export_target(model, tmp_path / "q")
     loaded = load_quantized_target(tmp_path / "q", dtype=torch.float32)
-    if algorithm == "max":
+    if algorithm != "awq_lite":
         # A weight exactly halfway between two FP8 values may get neighbouring codes from ModelOpt's fake
         # quantizer and its export (test_dequantization_equals_modelopt_fake_quant). Put the exported
         # values into ModelOpt's model (they sit on its FP8 grid, so its quantizer keeps them) to compare
@@ -358,11 +387,13 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     # 1.1 with run 6's). With run 7's pair even max differs by 0.64 of it end to end (per linear: no row off),
     # and ModelOpt's own fake-quantized model moves its logits by about as much (0.72) when its token
     # embeddings are scaled by 1 + 1e-6 noise: end to end only a sanity bound, and the per-linear check below.
+    # MSE, with its weight amaxes moved (and a smaller quantization error), differs by 1.36 of it end to end
+    # on the random preset although no linear output row is off.
     assert (ours - fake).abs().max() < (1.0 if algorithm == "max" else 2.0) * quant_error
     # So the execution is checked linear by linear on ModelOpt's own inputs: every output row equals ModelOpt's to
     # float rounding (AWQ: to 1% of the largest output, for the flipped weight codes) except rows that hold a
     # flipped activation code (rare).
-    tol = 1e-4 if algorithm == "max" else 1e-2
+    tol = 1e-2 if algorithm == "awq_lite" else 1e-4
     executors = {n: m for n, m in loaded.named_modules() if hasattr(m, "dequantized_weight") or m in prescaled}
     rows = flipped = 0
     with torch.no_grad():
@@ -375,20 +406,22 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     assert flipped <= 0.01 * rows, f"{flipped} of {rows} linear output rows differ from ModelOpt's"
 
 
-def test_awq_lite_with_nvfp4_on_cpu_falls_back_to_max(tmp_path):
+@pytest.mark.parametrize("algorithm", ["awq_lite", "mse"])
+def test_search_with_nvfp4_on_cpu_falls_back_to_max(tmp_path, algorithm):
     from ocria.quant.build import calibration_algorithm
 
-    path = tmp_path / "awq.yaml"
-    path.write_text("name: awq\nalgorithm: awq_lite\nrules:\n  - {match: 'model.language_model.layers.*.mlp.*', "
-                    "format: nvfp4}\n  - {match: '*.self_attn.*', format: fp8}\n")
+    path = tmp_path / "search.yaml"
+    path.write_text(f"name: search\nalgorithm: {algorithm}\nrules:\n"
+                    "  - {match: 'model.language_model.layers.*.mlp.*', format: nvfp4}\n"
+                    "  - {match: '*.self_attn.*', format: fp8}\n")
     recipe = load_recipe(str(path))
     notes: list[str] = []
     formats = recipe.formats(_mini_modules())
-    assert calibration_algorithm(recipe, formats, cuda=True, notes=notes) == "awq_lite" and not notes
+    assert calibration_algorithm(recipe, formats, cuda=True, notes=notes) == algorithm and not notes
     assert calibration_algorithm(recipe, formats, cuda=False, notes=notes) == "max"
-    assert "needs CUDA" in notes[0]
+    assert notes == [f"{algorithm} needs CUDA for NVFP4 layers: this CPU build calibrated every layer with max"]
     fp8_only = {n: "fp8" for n in formats}
-    assert calibration_algorithm(recipe, fp8_only, cuda=False, notes=[]) == "awq_lite"
+    assert calibration_algorithm(recipe, fp8_only, cuda=False, notes=[]) == algorithm
 
 
 def test_plugin_switch_reaches_quantized_mlps(engines):

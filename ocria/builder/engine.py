@@ -30,6 +30,18 @@ def gpu_arch() -> str | None:
     return f"sm_{major}{minor}"
 
 
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise OcriaError(f"--device {name!r}: expected cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise OcriaError(f"--device {name!r}: expected cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise OcriaError(f"--device {name}: this machine has no CUDA device (torch {torch.__version__})")
+    return device
+
+
 def _tokenizer_source(target_dir: Path, fallback: Path) -> Path:
     return target_dir if (target_dir / "tokenizer.json").is_file() else fallback
 
@@ -37,8 +49,9 @@ def _tokenizer_source(target_dir: Path, fallback: Path) -> Path:
 def build_engine(out: str | Path, target: str | Path | None = None, drafter: str | Path | None = None,
                  recipe: str | None = None, preset: str = "ocria-mini", force: bool = False,
                  calib: str = "synthetic:32", allow_vision_quant: bool = False,
-                 profile: dict | None = None, progress: bool = True) -> Path:
-    """Build an engine directory at ``out`` and return its path."""
+                 profile: dict | None = None, progress: bool = True, device: str = "cpu") -> Path:
+    """Build an engine directory at ``out`` and return its path. ``device`` is where a quantized build
+    calibrates and checks accuracy (the written engine is the same file format either way)."""
     out = Path(out)
     if out.exists() and not force:
         raise OcriaError(f"{out} already exists (use --force to replace it)")
@@ -52,6 +65,7 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
 
         quant = load_recipe(recipe, allow_vision_quant=allow_vision_quant)  # refuse bad input before any work
         check_calib_spec(calib)
+        calib_device = _device(device)
     build_profile = {**spec.profile, **(profile or {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -71,8 +85,8 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
         else:
             from ocria.quant.build import quantize_target
 
-            report = quantize_target(model, quant, calib, tmp / "target", _tokenizer_source(target_dir, spec.assets),
-                                     progress=progress)
+            report = quantize_target(model.to(calib_device), quant, calib, tmp / "target",
+                                     _tokenizer_source(target_dir, spec.assets), progress=progress)
             (tmp / "accuracy.json").write_text(json.dumps(report, indent=2) + "\n")
         steps.update()
         block_size = 1

@@ -25,6 +25,8 @@ from ocria.runtime.processor import Processor
 CALIB_DECODE_STEPS = 8
 HELDOUT_DOCS = 4
 HELDOUT_DECODE_STEPS = 24
+# Calibration searches that run ModelOpt's NVFP4 fake quantizer, which asserts "amax must be a CUDA tensor"
+CUDA_SEARCHES = ("awq_lite", "mse")
 NOTES = {
     "nvfp4_cpu": "NVFP4 layers calibrated with max statistics (ModelOpt's NVFP4 fake quantization needs CUDA)",
     "nvfp4_exec": "NVFP4 is exported as W4A4 (with input_scale) for Blackwell; this runtime executes it "
@@ -83,10 +85,11 @@ def _auto_quantize(model: OCRiaForConditionalGeneration, recipe: Recipe, samples
 
 
 def calibration_algorithm(recipe: Recipe, formats: dict[str, str], cuda: bool, notes: list[str]) -> str:
-    """The recipe's algorithm, except AWQ-lite with NVFP4 layers on CPU: ModelOpt's AWQ search runs
-    the NVFP4 fake quantizer, which needs CUDA, so such a build calibrates every layer with max."""
-    if recipe.algorithm == "awq_lite" and not cuda and "nvfp4" in formats.values():
-        notes.append("awq_lite needs CUDA for NVFP4 layers: this CPU build calibrated every layer with max")
+    """The recipe's algorithm, except a search (``CUDA_SEARCHES``: AWQ-lite, MSE) with NVFP4 layers on
+    CPU: ModelOpt's searches run the NVFP4 fake quantizer, which needs CUDA, so such a build calibrates
+    every layer with max."""
+    if recipe.algorithm in CUDA_SEARCHES and not cuda and "nvfp4" in formats.values():
+        notes.append(f"{recipe.algorithm} needs CUDA for NVFP4 layers: this CPU build calibrated every layer with max")
         return "max"
     return recipe.algorithm
 

@@ -4,8 +4,9 @@ A recipe (``configs/quant/NAME.yaml`` or any YAML path)::
 
     name: mixed
     description: NVFP4 MLPs, FP8 attention and GDN projections
-    algorithm: max                # calibration: max, or awq_lite (activation-aware weight scales;
-                                  # with NVFP4 layers it needs CUDA, on CPU such recipes fall back to max)
+    algorithm: max                # calibration: max, awq_lite (activation-aware weight scales) or mse
+                                  # (weight amax searched for least weight quantization error); the two
+                                  # searches need CUDA with NVFP4 layers, on CPU such recipes fall back to max
     rules:                        # applied in order, later rules win
       - {match: "model.language_model.layers.*.mlp.*", format: nvfp4}
       - {match: "model.language_model.layers.*.self_attn.*", format: fp8}
@@ -35,7 +36,7 @@ from torch import nn
 from ocria.errors import OcriaError
 
 FORMATS = ("bf16", "fp8", "nvfp4")
-ALGORITHMS = ("max", "awq_lite")
+ALGORITHMS = ("max", "awq_lite", "mse")
 SCORES = ("kl_div",)
 # weight bits per element, block scales included (NVFP4: 4 + 8/16)
 FORMAT_BITS = {"bf16": 16.0, "fp8": 8.0, "nvfp4": 4.5}
