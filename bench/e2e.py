@@ -296,30 +296,32 @@ def divergence_margin(target, prompt, ar: list[int], spec: list[int], i: int) ->
 
 
 @torch.no_grad()
+def step_logits(target, prompt, tokens: list[int], chunk: int) -> torch.Tensor:
+    """Logits [1, len(tokens), V] of ``tokens`` teacher-forced after ``prompt``'s prefill, in decode steps of
+    ``chunk`` tokens (1: the ar path; the block size: the verify path)."""
+    cfg = target.text_config
+    L, n = prompt.input_ids.numel(), len(tokens)
+    embed = target.text.embed_tokens.weight
+    cache = TargetCache.allocate(cfg, 1, L + n + chunk, chunk, embed.dtype, embed.device)
+    prefill(target, None, cache, None, 0, prompt, chunk=1024)
+    slot = torch.zeros(1, dtype=torch.long, device=embed.device)
+    ids = torch.tensor(tokens, device=embed.device)[None]
+    out = []
+    for s in range(0, n, chunk):
+        index = cache.kv_len[slot].long()[:, None] + torch.arange(chunk, device=embed.device)
+        pos = (index + cache.rope_delta[slot][:, None]).expand(3, 1, chunk)
+        hidden, _ = target.forward_cached(target.text.embed_tokens(ids[:, s:s + chunk]), pos, cache, slot,
+                                          "verify", attn_len=L + n)
+        cache.commit(slot, torch.full((1,), chunk, device=embed.device))
+        out.append(target.logits(hidden))
+    return torch.cat(out, 1)
+
+
 def path_noise(target, prompt, tokens: list[int], block: int) -> float:
     """Max |logit| difference between the ar path (T=1 steps) and the verify path (one T=block step)
     on the same teacher-forced tokens: how far apart the two computations are in this precision."""
-    cfg = target.text_config
-    L = prompt.input_ids.numel()
-    embed = target.text.embed_tokens.weight
-    caches = [TargetCache.allocate(cfg, 1, L + 2 * block, block, embed.dtype, embed.device) for _ in range(2)]
-    for c in caches:
-        prefill(target, None, c, None, 0, prompt, chunk=1024)
-    slot = torch.zeros(1, dtype=torch.long, device=embed.device)
-    ids = torch.tensor(tokens[:block], device=embed.device)[None]
-
-    def run(cache, chunk):
-        out = []
-        for s in range(0, block, chunk):
-            index = cache.kv_len[slot].long()[:, None] + torch.arange(chunk, device=embed.device)
-            pos = (index + cache.rope_delta[slot][:, None]).expand(3, 1, chunk)
-            hidden, _ = target.forward_cached(target.text.embed_tokens(ids[:, s:s + chunk]), pos, cache, slot,
-                                              "verify", attn_len=L + block)
-            cache.commit(slot, torch.full((1,), chunk, device=embed.device))
-            out.append(target.logits(hidden))
-        return torch.cat(out, 1)
-
-    return float((run(caches[0], 1) - run(caches[1], block)).abs().max())
+    tokens = tokens[:block]
+    return float((step_logits(target, prompt, tokens, 1) - step_logits(target, prompt, tokens, block)).abs().max())
 
 
 def check_lossless(target, prompt, ar_tokens, spec_tokens, tie_margin):

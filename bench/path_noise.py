@@ -8,6 +8,10 @@ its whole greedy answer (the prompt and the answer before the window prefilled):
 ``python -m ocria.train eval``'s logit gaps at spec/ar divergences are to be read against.
 
     python bench/path_noise.py --engine engines/ocria-mini-mixed --device cpu --docs 92 368 --out ...
+
+With ``--runtime`` as well: ``spec`` through the scheduler, each step's verify logits (accepted rows, up to the
+first spec/ar divergence) against a clean recompute of the same positions, and both margins of ar's token over
+spec's at that divergence: every path difference the runtime has, not only T=1 against T=block.
 """
 
 import argparse
@@ -20,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from e2e import path_noise  # noqa: E402
+from e2e import path_noise, step_logits  # noqa: E402
 
 from ocria.builder.presets import load_preset, random_models  # noqa: E402
 from ocria.data import LONG_PAGE, generate  # noqa: E402
@@ -57,16 +61,87 @@ def engine_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
     return rows
 
 
+def runtime_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
+    """Per held-out document: ``spec`` through the scheduler (batch 1), each step's verify logits on its accepted
+    rows against a clean recompute (the prompt and the answer so far prefilled, one verify step over ar's tokens),
+    and at the first spec/ar divergence the margin of ar's token over spec's on both. Every path difference the
+    runtime really has is in this figure (prefill chunks, rollbacks, attention lengths); ``engine_noise``
+    isolates the T=1 / T=block one."""
+    import ocria.runtime.scheduler as scheduler
+    from ocria.runtime.engine import Engine
+    from ocria.runtime.processor import PreparedPrompt
+    from ocria.train.evaluate import heldout_pngs, transcribe
+
+    engine = Engine(engine_dir, device=device)
+    target, step = engine.target, scheduler.decode_step
+    steps: list[dict] = []
+
+    def recording_step(*args, **kwargs):  # decode_step, keeping the logits of its one target.logits call
+        seen = []
+
+        def logits(hidden: torch.Tensor) -> torch.Tensor:
+            seen.append(type(target).logits(target, hidden))
+            return seen[-1]
+
+        target.logits = logits
+        try:
+            result = step(*args, **kwargs)
+        finally:
+            del target.logits
+        steps.append({"accepted": int(result.accepted[0]), "logits": seen[-1][0]})
+        return result
+
+    rows = []
+    for doc in docs:
+        image = heldout_pngs(1, start=doc)[0][0]
+        prompt = engine.processor.prepare(image)
+        ar = transcribe(engine, [image], "ar", 384, 1)[0]["tokens"]
+        steps.clear()
+        scheduler.decode_step = recording_step
+        try:
+            spec = transcribe(engine, [image], "spec", 384, 1)[0]["tokens"]
+        finally:
+            scheduler.decode_step = step
+        div = next((i for i in range(min(len(ar), len(spec))) if ar[i] != spec[i]), None)
+        row = {"doc": doc, "steps": len(steps), "first_divergence": div, "max_abs_logit_diff": 0.0}
+        done = 1  # answer tokens before this step's block: the first came from the prefill
+        for st in steps:
+            n, T = st["accepted"] + 1, st["logits"].shape[0]
+            if div is not None and done > div:
+                break
+            prefix = PreparedPrompt(torch.cat([prompt.input_ids, torch.tensor(ar[:done - 1], dtype=torch.long)]),
+                                    prompt.pixel_values, prompt.image_grid_thw)
+            clean = step_logits(target, prefix, (ar[done - 1:] + [ar[-1]] * T)[:T], T)[0]
+            rows_n = min(n, len(ar) - done + 1)  # row j reads ar[done - 1 + j]: past the answer, nothing to compare
+            if div is not None:
+                rows_n = min(rows_n, div - done + 1)
+            diff = float((clean[:rows_n] - st["logits"][:rows_n]).abs().max())
+            row["max_abs_logit_diff"] = max(row["max_abs_logit_diff"], diff)
+            if div is not None and done <= div < done + n:
+                j, a, b = div - done, ar[div], spec[div]
+                runtime = st["logits"][j]
+                row.update(ar_token=a, spec_token=b, runtime_verify_margin=float(runtime[a] - runtime[b]),
+                           clean_verify_margin=float(clean[j, a] - clean[j, b]))
+            done += n
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="ocria-1-sim")
     ap.add_argument("--engine", help="measure this engine's target on held-out documents instead")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--docs", type=int, nargs="+", default=[0], help="held-out document indices (with --engine)")
+    ap.add_argument("--runtime", action="store_true",
+                    help="with --engine: the scheduler's own spec steps against clean recomputes (runtime_noise)")
     ap.add_argument("--out", default="bench/results/path_noise_h200.json")
     args = ap.parse_args()
+    if args.runtime and not args.engine:
+        raise SystemExit("--runtime needs --engine")
     if args.engine:
-        rows = engine_noise(args.engine, args.device, args.docs)
+        rows = (runtime_noise if args.runtime else engine_noise)(args.engine, args.device, args.docs)
         out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": args.device,
                "engine": args.engine, "command": " ".join(["python", *sys.argv]), "rows": rows}
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
