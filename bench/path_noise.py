@@ -26,26 +26,37 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from e2e import path_noise, step_logits  # noqa: E402
 
+import ocria.runtime.scheduler as scheduler  # noqa: E402
 from ocria.builder.presets import load_preset, random_models  # noqa: E402
 from ocria.data import LONG_PAGE, generate  # noqa: E402
-from ocria.runtime.processor import Processor  # noqa: E402
+from ocria.runtime.engine import Engine  # noqa: E402
+from ocria.runtime.processor import PreparedPrompt, Processor  # noqa: E402
+from ocria.train.evaluate import heldout_pngs, transcribe  # noqa: E402
+
+
+def heldout_answer(engine: Engine, doc: int) -> tuple[bytes, list[int]]:
+    """Held-out document ``doc``'s PNG and the engine's greedy ``ar`` answer (token ids, never empty)."""
+    image = heldout_pngs(1, start=doc)[0][0]
+    answer = transcribe(engine, [image], "ar", 384, 1)[0]["tokens"]
+    if not answer:
+        raise SystemExit(f"held-out document {doc}: the engine's answer is empty, nothing to compare")
+    return image, answer
+
+
+def after(prompt: PreparedPrompt, tokens: list[int]) -> PreparedPrompt:
+    """``prompt`` with ``tokens`` appended to its text: the prefix a step at that point of the answer follows."""
+    ids = torch.cat([prompt.input_ids, torch.tensor(tokens, dtype=torch.long)])
+    return PreparedPrompt(ids, prompt.pixel_values, prompt.image_grid_thw)
 
 
 def engine_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
     """Per held-out document: the largest ar-vs-verify logit difference over block-wide windows that cover its
     whole answer (the last one ends at the answer's end)."""
-    from ocria.runtime.engine import Engine
-    from ocria.runtime.processor import PreparedPrompt
-    from ocria.train.evaluate import heldout_pngs, transcribe
-
     engine = Engine(engine_dir, device=device)
     block = engine.block_size
     rows = []
     for doc in docs:
-        image = heldout_pngs(1, start=doc)[0][0]
-        answer = transcribe(engine, [image], "ar", 384, 1)[0]["tokens"]
-        if not answer:
-            raise SystemExit(f"held-out document {doc}: the engine's answer is empty, nothing to compare")
+        image, answer = heldout_answer(engine, doc)
         prompt = engine.processor.prepare(image)
         width = min(block, len(answer))
         starts = list(range(0, len(answer) - width + 1, width))
@@ -53,9 +64,8 @@ def engine_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
             starts.append(len(answer) - width)  # the tail, overlapping the window before it
         noise = 0.0
         for start in starts:
-            prefix = torch.cat([prompt.input_ids, torch.tensor(answer[:start], dtype=torch.long)])
-            window = PreparedPrompt(prefix, prompt.pixel_values, prompt.image_grid_thw)
-            noise = max(noise, path_noise(engine.target, window, answer[start:start + width], width))
+            noise = max(noise, path_noise(engine.target, after(prompt, answer[:start]), answer[start:start + width],
+                                          width))
         rows.append({"doc": doc, "answer_tokens": len(answer), "max_abs_logit_diff": noise})
         print(rows[-1], flush=True)
     return rows
@@ -67,11 +77,6 @@ def runtime_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
     and at the first spec/ar divergence the margin of ar's token over spec's on both. Every path difference the
     runtime really has is in this figure (prefill chunks, rollbacks, attention lengths); ``engine_noise``
     isolates the T=1 / T=block one."""
-    import ocria.runtime.scheduler as scheduler
-    from ocria.runtime.engine import Engine
-    from ocria.runtime.processor import PreparedPrompt
-    from ocria.train.evaluate import heldout_pngs, transcribe
-
     engine = Engine(engine_dir, device=device)
     target, step = engine.target, scheduler.decode_step
     steps: list[dict] = []
@@ -93,9 +98,8 @@ def runtime_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
 
     rows = []
     for doc in docs:
-        image = heldout_pngs(1, start=doc)[0][0]
+        image, ar = heldout_answer(engine, doc)
         prompt = engine.processor.prepare(image)
-        ar = transcribe(engine, [image], "ar", 384, 1)[0]["tokens"]
         steps.clear()
         scheduler.decode_step = recording_step
         try:
@@ -109,9 +113,7 @@ def runtime_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
             n, T = st["accepted"] + 1, st["logits"].shape[0]
             if div is not None and done > div:
                 break
-            prefix = PreparedPrompt(torch.cat([prompt.input_ids, torch.tensor(ar[:done - 1], dtype=torch.long)]),
-                                    prompt.pixel_values, prompt.image_grid_thw)
-            clean = step_logits(target, prefix, (ar[done - 1:] + [ar[-1]] * T)[:T], T)[0]
+            clean = step_logits(target, after(prompt, ar[:done - 1]), (ar[done - 1:] + [ar[-1]] * T)[:T], T)[0]
             rows_n = min(n, len(ar) - done + 1)  # row j reads ar[done - 1 + j]: past the answer, nothing to compare
             if div is not None:
                 rows_n = min(rows_n, div - done + 1)

@@ -148,9 +148,8 @@ class _Batches:
 def loader(assets: Path, batch_size: int, start_batch: int, workers: int, split: str = "train",
            pad_id: int = 0, kind: str | None = None, first_doc: int = 0) -> DataLoader:
     """Batches ``start_batch, start_batch + 1, ...`` of ``split`` counted from document ``first_doc``, in order,
-    without end. Each worker keeps
-    up to 4 batches ready, fewer for big batches (the patch bytes are about half a MB per page: at batch 256,
-    12 workers x 4 batches would hold GBs of host memory)."""
+    without end. Each worker keeps up to 4 batches ready, fewer for big batches (the patch bytes are about half a
+    MB per page: at batch 256, 12 workers x 4 batches would hold GBs of host memory)."""
     batches = _Batches(start_batch, batch_size, first_doc)
     return DataLoader(SplitDocuments(assets, split, kind=kind), batch_sampler=batches,
                       collate_fn=_Collate(pad_id),
