@@ -16,6 +16,14 @@ static 1.63-1.92x the memory floor with it, bench/results/silu_quant_h200_run5.j
 ``exp`` is libdevice's ``expf`` on the GPU (what PyTorch's CUDA silu calls) and numpy's in the
 interpreter; both agree with PyTorch after rounding silu to bf16 (the CPU tests and
 bench/silu_quant.py on the H200 check every bf16 gate value).
+
+Why the quantized modes are built as they are: they are compute-bound on the H200, by instruction issue and
+by the quarter-rate unit (16 lanes per SM and clock) that runs ``ex2``, ``rcp`` and every float <-> int or
+float -> bf16 convert. So the silu's two bf16 roundings convert two values per ``cvt.rn.bf16x2.f32``
+(``round_bf16_pairs``), and the E4M3/E2M1 codes read their rounded integers from the mantissa bits of a sum
+with 2^23 (E2M1: 2^22, 2^23 or 2^24 by binade) instead of converting floats to ints. That took FP8 static at
+8192 x 6144 from 98.2 us (1.64x the floor, run5) to 79.1 us (1.32x) and NVFP4 from 116.5 us to 102.3 us, all
+bytes still PyTorch's (bench/results/silu_quant_h200_run7.json).
 """
 
 import torch
@@ -28,7 +36,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.numerics import NVFP4_BLOCK
-from ocria.plugins.rounding import round_to_dtype, widen
+from ocria.plugins.rounding import round_bf16_pairs, round_to_dtype, widen
 
 MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
 
@@ -49,30 +57,43 @@ def _quotient(a, s, r, lim, ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def _rint_small(y):
-    """Round-half-even to an integer value for 0 <= y < 2^22 (fp32 ulp at 2^23 is 1)."""
-    return (y + 8388608.0) - 8388608.0
+def _e4m3_magnitude(a):
+    """(E4M3 code as int32, its exact value as fp32) of a in [0, 464) (finite): RNE, so a rounding to 448 or above
+    gives 448 (0x7E). The code counts eighths of the binade, (exponent + 6) * 8 + RN(a * 2^(3 - exponent)), a carry
+    into the next binade included; the rounded integer is read from the low mantissa bits of that product plus
+    2^23 (ulp 1), not converted: float -> int converts issue on the GPU's quarter-rate unit, which the silu's exp,
+    reciprocal and bf16 roundings already keep busy."""
+    ex = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, -6)
+    y = a * ((130 - ex) << 23).to(tl.float32, bitcast=True) + 8388608.0  # a * 2^(3 - ex) is exact; one rounding
+    code = (ex + 6) * 8 + (y.to(tl.int32, bitcast=True) - 0x4B000000)
+    value = (y - 8388608.0) * ((124 + ex) << 23).to(tl.float32, bitcast=True)  # RN(a * 2^(3 - ex)) * 2^(ex - 3)
+    return code, value
 
 
 @triton.jit
 def _e4m3_code(t):
-    """fp32 -> (E4M3 byte as int32, exact E4M3 value as fp32): RNE, saturation at 448, NaN 0x7F."""
-    a = tl.minimum(tl.abs(t), 448.0)
-    ex = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)
-    r = _rint_small(a * ((130 - ex) << 23).to(tl.float32, bitcast=True))  # a * 2^(3 - ex), exact
-    mag = tl.where(t != t, 0x7F, (ex + 6) * 8 + r.to(tl.int32))
-    value = r * ((124 + ex) << 23).to(tl.float32, bitcast=True)  # r * 2^(ex - 3)
-    return mag | (((t.to(tl.int32, bitcast=True) >> 31) & 1) << 7), value
+    """fp32 -> (E4M3 byte as int32, exact E4M3 value of |t| as fp32): RNE, saturation at 448, NaN 0x7F."""
+    code, value = _e4m3_magnitude(tl.minimum(tl.abs(t), 448.0))
+    return _with_sign(tl.where(t != t, 0x7F, code), t), value
 
 
 @triton.jit
-def _e2m1_code(t):
-    """fp32 -> 4-bit E2M1 code (int32): RNE on {0, .5, 1, 1.5, 2, 3, 4, 6}, NaN/inf -> 7 (+ sign)."""
-    a = tl.abs(t)
-    low = _rint_small(a * 2.0).to(tl.int32)
-    mid = _rint_small(a).to(tl.int32) + 2
-    code = tl.where(a <= 2.0, low, tl.where(a <= 4.0, mid, tl.where(a > 5.0, 7, 6)))
-    return tl.where(t != t, 7, code) | tl.where(t < 0.0, 8, 0)
+def _with_sign(code, x):
+    """An E4M3 magnitude code with x's sign bit as bit 7."""
+    return code | ((x.to(tl.int32, bitcast=True) >> 24) & 0x80)
+
+
+@triton.jit
+def _e2m1_code(q, negative):
+    """q >= 0 (or NaN) -> 4-bit E2M1 code (int32): RNE on {0, .5, 1, 1.5, 2, 3, 4, 6}, from 6 up and NaN -> 7; the
+    sign bit (8) where ``negative`` and q > 0. One rounding add serves all three spacings: q + 2^22 rounds to
+    halves ([0, 2)), q + 2^23 to units ([2, 4)), q + 2^24 to twos ([4, 6]), and the count of ulps above the
+    magic number plus 0, 2 or 4 is the code."""
+    c = tl.where(q < 6.0, q, 6.0)  # NaN too
+    e = tl.maximum(c.to(tl.int32, bitcast=True) >> 23, 127)  # 127: c < 2, 128: [2, 4), 129: [4, 6]
+    magic = (e + 22) << 23
+    code = (c + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic + (e - 127) * 2
+    return code | tl.where(negative & (q > 0.0), 8, 0)
 
 
 @triton.jit
@@ -89,6 +110,9 @@ def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constex
                 e = libdevice.exp(-g)
         else:
             e = tl.exp(-g)
+        if ON_GPU and IS_BF16:
+            s = round_bf16_pairs(tl.math.div_rn(g, 1.0 + e))
+            return round_bf16_pairs(s * u)
         s = round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
         return round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
     else:
@@ -98,23 +122,20 @@ def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constex
 @triton.jit
 def _e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr):
     """E4M3 bytes of RN(h / row_scale) (h [BLOCK_M, BLOCK_N], row_scale [BLOCK_M]). On the GPU, when every row's
-    scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``_quotient`` on |h| (clamped
-    at 480 x scale, which saturates anyway), the sign and NaN put back; other scales (0, inf, NaN, extremes)
-    divide."""
+    scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``_quotient`` on |h|, clamped
+    at 448 x scale (a quotient that large saturates anyway, and the clamped one rounds to 448 within an ulp), and
+    the code of that magnitude gets h's sign and NaN; other scales (0, inf, NaN, extremes) divide."""
     s = row_scale[:, None]
     if ON_GPU:
         ok = tl.min(((row_scale >= 5.421010862427522e-20) & (row_scale <= 6.646139978924579e35)).to(tl.int32), 0)
         if ok == 1:
             r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-            q = _quotient(tl.abs(h), s, r, s * 480.0, ON_GPU)
-            q = (q.to(tl.int32, bitcast=True) | (h.to(tl.int32, bitcast=True) & -2147483648)).to(tl.float32,
-                                                                                                 bitcast=True)
-            t = tl.where(h != h, h, q)
+            magnitude, _ = _e4m3_magnitude(_quotient(tl.abs(h), s, r, s * 448.0, ON_GPU))
+            code = _with_sign(tl.where(h != h, 0x7F, magnitude), h)
         else:
-            t = tl.math.div_rn(h, tl.zeros_like(h) + s)
+            code, _ = _e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
     else:
-        t = tl.math.div_rn(h, tl.zeros_like(h) + s)
-    code, _ = _e4m3_code(t)
+        code, _ = _e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
     return code.to(tl.uint8)
 
 
@@ -190,7 +211,7 @@ def _silu_mul_quant_kernel(
                     denom = tl.where(bnan > 0, float("nan"), sc8 * scale)[:, :, None]
                     inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
                     q = _quotient(tl.abs(hb), denom, inv, denom * 8.0, ON_GPU)  # > 6 saturates anyway
-                    code = _e2m1_code(tl.where(hb < 0.0, -q, q))
+                    code = _e2m1_code(q, hb < 0.0)
                     lo, hi = tl.split(tl.reshape(code, [BLOCK_M, BLOCK_N // 2, 2]))
                     pcols = (col_start + chunk * BLOCK_N) // 2 + tl.arange(0, BLOCK_N // 2)
                     pmask = rmask[:, None] & (pcols < N // 2)[None, :]
@@ -217,13 +238,14 @@ def _kernel_for(device: torch.device):
 
 
 def default_config(mode: str, M: int, N: int) -> dict:
-    """Rows x columns per program and warps: the fastest per mode of the sweep at 4096 x 12288 in
-    bench/results/silu_quant_h200_run4.json (run 3 picked the same but for FP8 static, 4% faster there with
-    1024-wide tiles of 4 warps), with libdevice ``fast_expf``, which gave PyTorch's bytes for every bf16 gate
-    value. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h once; wider rows walk their
-    chunks twice: amax, then bytes, which at 12288 columns beat one whole-row tile at any warp count)."""
+    """Rows x columns per program and warps: the fastest per mode (or within 0.5% of it) of the sweep at
+    4096 x 12288 in bench/results/silu_quant_h200_run7.json, with libdevice ``fast_expf``, which gave PyTorch's bytes
+    for every bf16 gate value. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h once); wider
+    rows walk their chunks twice, amax then bytes (at 12288 columns faster than one whole-row tile at any warp
+    count), in chunks that divide the row (4096 or 2048 columns), since masked columns cost compute as well."""
     if mode == "fp8_dynamic":
-        return {"block_m": 1, "block_n": 4096 if N > 4096 else 0, "num_warps": 8, "fast_exp": True}
+        block_n = 0 if N <= 4096 else 4096 if N % 4096 == 0 else 2048
+        return {"block_m": 1, "block_n": block_n, "num_warps": 8, "fast_exp": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
     return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True}
