@@ -36,10 +36,6 @@ MODES = ("bf16", "fp8_static", "fp8_dynamic", "nvfp4")
 SWEEP = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
          (4, 2048, 8)]  # (rows, columns, warps) per program
 SWEEP_DYNAMIC = [(1, 2048, 8), (1, 4096, 8), (1, 0, 8), (1, 0, 16), (1, 0, 32)]  # block_n 0: the whole row
-# Programs that walk several tiles of their row with the loads pipelined (cp.async, ``stages`` deep); chunks 0:
-# the whole row. (rows, columns, warps, chunks, stages); per-token FP8 always walks its whole row.
-SWEEP_PIPELINED = [(1, 1024, 4, 0, 2), (1, 1024, 4, 0, 3), (1, 1024, 4, 3, 2), (1, 2048, 8, 0, 2), (1, 512, 4, 0, 3)]
-SWEEP_PIPELINED_DYNAMIC = [(1, 2048, 8, 0, 2), (1, 4096, 8, 0, 2), (1, 2048, 8, 0, 3), (1, 1024, 4, 0, 3)]
 
 
 def unfused(gate_up: torch.Tensor, mode: str, scale: torch.Tensor | None):
@@ -135,16 +131,12 @@ def correctness(scales: dict, dev: str) -> list[dict]:
 
 
 def sweep(scales: dict, fast: bool) -> dict:
-    """Best (rows, columns, warps, tiles per program, load stages) per mode at 4096 tokens x 12288, timed like the
-    table."""
+    """Best (rows, columns, warps) per mode at 4096 tokens x 12288, timed like the table."""
     xs = [(torch.randn(4096, 2 * 12288, device="cuda") * 3).to(torch.bfloat16)]
     best, log = {}, []
     for mode in MODES:
-        dynamic = mode == "fp8_dynamic"
-        plain = [(*c, 1, 1) for c in (SWEEP_DYNAMIC if dynamic else SWEEP)]
-        for bm, bn, warps, chunks, stages in plain + (SWEEP_PIPELINED_DYNAMIC if dynamic else SWEEP_PIPELINED):
-            cfg = {"block_m": bm, "block_n": bn, "num_warps": warps, "fast_exp": fast, "chunks": chunks,
-                   "stages": stages}
+        for bm, bn, warps in (SWEEP_DYNAMIC if mode == "fp8_dynamic" else SWEEP):
+            cfg = {"block_m": bm, "block_n": bn, "num_warps": warps, "fast_exp": fast}
             us = time_calls([lambda x=x, md=mode, c=cfg: silu_mul_quant_triton(x, md, scales[md], c) for x in xs], 5)
             log.append({"mode": mode, "config": cfg, "us": us})
             if mode not in best or us < best[mode]["us"]:

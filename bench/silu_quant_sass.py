@@ -25,8 +25,7 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
     """One gated bf16 launch of ``mode`` at width n with ``cfg`` (keys of ``default_config``)."""
     block_n, chunks, passes = tiling(mode, n, cfg)
     consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_EXP=cfg["fast_exp"],
-                  NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks, PDL=False,
-                  STAGES=cfg.get("stages", 1))
+                  NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks, PDL=False)
     types = dict(TYPES, out_ptr="*i16" if mode == "bf16" else "*u8",
                  out_scale_ptr="*u8" if mode == "nvfp4" else "*fp32")
     out = compile_sm90(_silu_mul_quant_kernel, types, consts, cfg["num_warps"], divisible_by_16=DIVISIBLE_BY_16)

@@ -116,19 +116,6 @@ def test_fp8_dynamic_one_pass_and_chunked_rows_agree_with_reference(block_n):
                      silu_mul_quant_reference(gate_up, "fp8_dynamic", None))
 
 
-@pytest.mark.parametrize("mode", ["bf16", "fp8_static", "nvfp4"])
-@pytest.mark.parametrize("chunks", [0, 3], ids=["whole_row", "three_tiles_per_program"])
-def test_programs_walking_several_tiles_with_pipelined_loads_match_reference(mode, chunks):
-    """Several tiles per program (``chunks``; 0 is the whole row, 3 leaves the last program a partial walk over
-    a 256-wide row of 32-column tiles) with the loads pipelined two stages deep: the same bytes."""
-    cfg = {"block_m": 2, "block_n": 32, "num_warps": 4, "fast_exp": False, "chunks": chunks, "stages": 2}
-    torch.manual_seed(4)
-    up = (torch.randn(_all_bf16_gates(256).shape) * 2).to(torch.bfloat16)
-    gate_up = torch.cat([_all_bf16_gates(256), up], dim=-1)[:9]
-    _assert_same(silu_mul_quant_triton(gate_up, mode, SCALES[mode], cfg),
-                 silu_mul_quant_reference(gate_up, mode, SCALES[mode]))
-
-
 def test_fp8_dynamic_scales_per_token_and_zero_row():
     gate_up = torch.zeros(3, 64, dtype=torch.bfloat16)
     gate_up[1, :32] = 32.0

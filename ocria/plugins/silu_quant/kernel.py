@@ -160,14 +160,12 @@ def _silu_mul_quant_kernel(
     M, N, stride_xm, stride_om, stride_sm,
     MODE: tl.constexpr, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
     FAST_EXP: tl.constexpr, NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-    PDL: tl.constexpr, STAGES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic, 3 nvfp4. IS_BF16: x (and the bf16 output) travel as
     # int16 bits, widened by a shift, exactly, also for subnormals where the interpreter's bf16 <-> fp32
     # conversions are wrong. MODE 2 with NPASS 2 walks its row twice (amax, then bytes); with NPASS 1 the whole
-    # row is one tile (NUM_CHUNKS 1) and h is computed once. The other modes walk NUM_CHUNKS tiles of their row.
-    # STAGES > 1 pipelines the chunk loop's loads (cp.async through shared memory), so a program's next tile is
-    # in flight while it computes the current one.
+    # row is one tile (NUM_CHUNKS 1) and h is computed once.
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -183,7 +181,7 @@ def _silu_mul_quant_kernel(
     nan_rows = tl.zeros([BLOCK_M], dtype=tl.int32)
     row_scale = tl.zeros([BLOCK_M], dtype=tl.float32) + scale
     for p in tl.static_range(NPASS):
-        for chunk in tl.range(NUM_CHUNKS, num_stages=STAGES):
+        for chunk in range(NUM_CHUNKS):
             cols = col_start + chunk * BLOCK_N + tl.arange(0, BLOCK_N)
             mask = rmask[:, None] & (cols < N)[None, :]
             h32 = _activation(x_ptr, rows64[:, None] * stride_xm + cols[None, :], mask, N, GATED, IS_BF16, ON_GPU,
@@ -255,14 +253,10 @@ def default_config(mode: str, M: int, N: int) -> dict:
 
 def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
     """(columns per tile, tiles per program, passes) of a row of width N under ``config``: ``block_n`` 0 is
-    the whole row; per-token FP8 walks its row's tiles in one program, twice when there is more than one; the
-    other modes walk ``chunks`` tiles per program (default 1; 0: the whole row), their loads pipelined
-    ``stages`` deep."""
+    the whole row; per-token FP8 walks its row's tiles in one program, twice when there is more than one."""
     block_n = config["block_n"] or max(16, triton.next_power_of_2(N))
-    tiles = triton.cdiv(N, block_n)
-    if mode == "fp8_dynamic":
-        return block_n, tiles, 2 if tiles > 1 else 1
-    return block_n, min(config.get("chunks", 1) or tiles, tiles), 1
+    chunks = triton.cdiv(N, block_n) if mode == "fp8_dynamic" else 1
+    return block_n, chunks, 2 if chunks > 1 else 1
 
 
 def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
@@ -307,8 +301,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
             MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
             NPASS=passes,
-            BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, STAGES=cfg.get("stages", 1),
-            num_warps=cfg["num_warps"], **pdl_args(dev),
+            BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"], **pdl_args(dev),
         )
     if mode in ("fp8_static", "fp8_dynamic"):
         out = out.view(torch.float8_e4m3fn)
