@@ -142,9 +142,8 @@ def make_buffers(n_slots, Hk, Hv, Dk, Dv, Tmax, C, KW, device, gen, pending):
     return dict(
         state=rnd(n_slots, Hv, Dk, Dv) * 0.1,
         ring_k=R.l2norm(rnd(n_slots, 2, Tmax, Hk, Dk)),
-        ring_v=rnd(n_slots, 2, Tmax, Hv, Dv),
+        ring_u=rnd(n_slots, 2, Tmax, Hv, Dv),
         ring_g=-torch.rand(n_slots, 2, Tmax, Hv, device=device, generator=gen) * 0.3,
-        ring_beta=torch.rand(n_slots, 2, Tmax, Hv, device=device, generator=gen),
         ring_phase=torch.randint(0, 2, (n_slots,), device=device, generator=gen, dtype=torch.int32),
         pending_len=pending.to(device=device, dtype=torch.int32),
     ), rnd(n_slots, C, KW - 1 + Tmax)
@@ -196,7 +195,7 @@ def check_correctness(heads, device, config, steps=3, B=4, Tmax=16, KW=4):
             for b_ in (bufs, bufs64):
                 b_["ring_phase"][slots] ^= 1
                 b_["pending_len"][slots] = accepted
-            for name in ("ring_k", "ring_v", "ring_g", "ring_beta"):
+            for name in ("ring_k", "ring_u", "ring_g"):
                 worst["ring"] = max(worst["ring"], rel_err(bufs[name], bufs64[name]))
             folded = R.fold_pending(**bufs, slot_ids=slots)
             folded64 = R.fold_pending(**bufs64, slot_ids=slots)
@@ -211,7 +210,7 @@ def bench_row(B, T, heads, dtype, device, bw, config, fla_fn, rotate_bytes, base
     C = 2 * Hk * D + Hv * D
     gen = torch.Generator(device=device).manual_seed(B * 100 + T)
     state_bytes = Hv * D * D * 4
-    ring_tok = (Hk * D + Hv * D + 2 * Hv) * 4
+    ring_tok = (Hk * D + Hv * D + Hv) * 4  # k, u, g
     esize = torch.tensor([], dtype=dtype).element_size()
     in_tok = (2 * Hk * D + Hv * D + 2 * Hv) * esize
     out_tok = Hv * D * esize
@@ -277,7 +276,7 @@ def check_launch(B, T, heads, device, configs, Tmax=16):
         out[f"{bv}x{nw}"] = dict(
             output=rel_err(o, o_ref),
             state=rel_err(mine["state"], ref["state"]),
-            ring=max(rel_err(mine[n], ref[n]) for n in ("ring_k", "ring_v", "ring_g", "ring_beta")),
+            ring=max(rel_err(mine[n], ref[n]) for n in ("ring_k", "ring_u", "ring_g")),
         )
     return out
 

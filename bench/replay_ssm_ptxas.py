@@ -17,8 +17,8 @@ from ocria.plugins.replay_ssm.kernel import KEY_CHUNK, PREFETCH_MAX_BLOCK_V, _re
 
 _TYPES = dict(
     q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", a_ptr="*bf16", b_ptr="*bf16", A_log_ptr="*fp32",
-    dt_bias_ptr="*fp32", state_ptr="*fp32", ring_k_ptr="*fp32", ring_v_ptr="*fp32", ring_g_ptr="*fp32",
-    ring_beta_ptr="*fp32", ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", o_ptr="*bf16",
+    dt_bias_ptr="*fp32", state_ptr="*fp32", ring_k_ptr="*fp32", ring_u_ptr="*fp32", ring_g_ptr="*fp32",
+    ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", o_ptr="*bf16",
     T="i32", Tmax="i32", scale="fp32", eps="fp32", sq="i32", sk="i32", sv="i32", sa="i32", sb="i32",
 )  # fmt: skip
 # What a launch specializes (16-byte aligned pointers, row strides of the fused projections multiples of 16):

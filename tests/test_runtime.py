@@ -136,8 +136,8 @@ def test_rollback_state_equals_model_that_saw_only_accepted(engine):
         torch.testing.assert_close(tc.v[i][s, :, :n], fresh.v[i][0, :, :n], rtol=1e-4, atol=1e-5)
     W = engine.target.text_config.linear_conv_kernel_dim - 1
     for i in range(len(tc.ssm)):
-        ours = fold_pending(tc.ssm[i], tc.ring_k[i], tc.ring_v[i], tc.ring_g[i], tc.ring_beta[i], tc.ring_phase,
-                            tc.pending_len, slot)
+        ours = fold_pending(tc.ssm[i], tc.ring_k[i], tc.ring_u[i], tc.ring_g[i], tc.ring_phase, tc.pending_len,
+                            slot)
         torch.testing.assert_close(ours[0], fresh.ssm[i][0], rtol=1e-4, atol=1e-5)
         p = int(tc.pending_len[s])
         torch.testing.assert_close(tc.conv_buf[i][s, :, p:p + W], fresh.conv_buf[i][0, :, :W])

@@ -5,7 +5,7 @@ shapes (the GPU path captures it in a CUDA graph). Per slot ``s``:
 
 - attention layers: ``k[l][s], v[l][s]`` [Hkv, max_len, D]; ``kv_len[s]`` committed tokens.
 - GDN layers: ``conv_buf[l][s]`` [C, K-1+Tmax] raw conv inputs, ``ssm[l][s]`` [Hv, Dk, Dv] fp32
-  checkpoint state, and the ReplaySSM ring (``ring_k/v/g/beta``) with the shared ``ring_phase`` and
+  checkpoint state, and the ReplaySSM ring (``ring_k/u/g``) with the shared ``ring_phase`` and
   ``pending_len`` cursor (see ``ocria.plugins.replay_ssm.reference``).
 - ``rope_delta[s]``: mRoPE offset of text positions after the image (position = index + delta).
 """
@@ -35,9 +35,8 @@ class TargetCache:
     conv_buf: list[Tensor]
     ssm: list[Tensor]
     ring_k: list[Tensor]
-    ring_v: list[Tensor]
+    ring_u: list[Tensor]
     ring_g: list[Tensor]
-    ring_beta: list[Tensor]
     kv_len: Tensor
     ring_phase: Tensor
     pending_len: Tensor
@@ -75,9 +74,8 @@ class TargetCache:
             conv_buf=[zeros((num_slots, conv_dim, width)) for _ in range(n_lin)],
             ssm=[zeros((num_slots, hv, dk, dv), **f32) for _ in range(n_lin)],
             ring_k=[zeros((num_slots, 2, max_chunk, hk, dk), **f32) for _ in range(n_lin)],
-            ring_v=[zeros((num_slots, 2, max_chunk, hv, dv), **f32) for _ in range(n_lin)],
+            ring_u=[zeros((num_slots, 2, max_chunk, hv, dv), **f32) for _ in range(n_lin)],
             ring_g=[zeros((num_slots, 2, max_chunk, hv), **f32) for _ in range(n_lin)],
-            ring_beta=[zeros((num_slots, 2, max_chunk, hv), **f32) for _ in range(n_lin)],
             kv_len=torch.zeros(num_slots, dtype=torch.int32, device=device),
             ring_phase=torch.zeros(num_slots, dtype=torch.int32, device=device),
             pending_len=torch.zeros(num_slots, dtype=torch.int32, device=device),

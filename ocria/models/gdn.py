@@ -108,8 +108,8 @@ class GatedDeltaNet(nn.Module):
                                        use_kernel=self.use_kernel)
             q, k, v = self._split(y)
             o = ops.replay_verify(
-                q, k, v, a, b, self.A_log, self.dt_bias, cache.ssm[i], cache.ring_k[i], cache.ring_v[i],
-                cache.ring_g[i], cache.ring_beta[i], cache.ring_phase, cache.pending_len, slots,
+                q, k, v, a, b, self.A_log, self.dt_bias, cache.ssm[i], cache.ring_k[i], cache.ring_u[i],
+                cache.ring_g[i], cache.ring_phase, cache.pending_len, slots,
                 use_kernel=self.use_kernel,
             )
         else:
@@ -118,8 +118,8 @@ class GatedDeltaNet(nn.Module):
             if cache is None:
                 state = torch.zeros(B, self.num_v_heads, self.head_k_dim, self.head_v_dim, device=qkv.device)
             else:
-                state = fold_pending(cache.ssm[i], cache.ring_k[i], cache.ring_v[i], cache.ring_g[i],
-                                     cache.ring_beta[i], cache.ring_phase, cache.pending_len, slots)
+                state = fold_pending(cache.ssm[i], cache.ring_k[i], cache.ring_u[i], cache.ring_g[i],
+                                     cache.ring_phase, cache.pending_len, slots)
             o, state = prefill_recurrence(q, k, v, g, beta, state)
             if cache is not None:
                 cache.ssm[i][slots] = state

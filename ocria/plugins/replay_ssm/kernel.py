@@ -2,28 +2,33 @@
 
 ``replay_verify``: one program per (value-column tile, value head, batch row). It reads its
 ``[BV, Dk]`` slice of the checkpoint state (held transposed) once, folds the slot's pending tokens
-into it as one chunk, writes it back once, then computes the T outputs from it as a second chunk
-without forming per-token states. Both chunks use the WY form of the delta rule, so the work is a
-few matrix products with the state as the 64+-row operand (Hopper wgmma) plus a T x T forward
-substitution, instead of T dependent rank-1 updates:
+into it, writes it back once, then computes the T outputs from it as one chunk without forming
+per-token states. The chunk uses the WY form of the delta rule, so the work is a few matrix products
+with the state as the 64+-row operand (Hopper wgmma) plus a T x T triangular inverse, instead of T
+dependent rank-1 updates:
 
     G_t = cumsum(g);  A_ij = beta_i exp(G_i - G_j) k_i.k_j  (j < i)
     (I + A) U = diag(beta) (V - diag(exp G) K S0)
     S_T = exp(G_T) S0 + (K * exp(G_T - G))^T U
     O   = diag(exp G) Q S0 + (mask_{j<=i} exp(G_i - G_j) Q K^T) U
 
+The rows of U are the tokens' writes u, and row t only depends on tokens <= t, so the U of a step's
+first n tokens is what the next step needs to fold those n tokens if they are accepted: the ring parks
+U (not V and beta), and the fold is the single product ``S_T`` above, with no Gram matrix, inverse or
+state read feeding back.
+
 The T x T Gram matrices are summed over 32-wide key chunks so no thread holds a whole [T, Dk]
 operand; with the transposed state this keeps register spills small
 (``bench/results/replay_ssm_ptxas.json``).
 
 A chunk of one token needs none of that: at most one pending token (a runtime branch on the slot's
-count) is folded as a plain rank-1 delta step, a single new token (T = 1, a compile-time branch:
-plain decoding) is verified with two row reductions of the state, and a slot with nothing pending
-skips the state write. ``launch_config`` narrows the column tile for small batches so the grid
-still covers the SMs.
+count) is folded as a plain rank-1 write, a single new token (T = 1, a compile-time branch: plain
+decoding) is verified with two row reductions of the state, and a slot with nothing pending skips the
+state write. ``launch_config`` narrows the column tile for small batches so the grid still covers
+the SMs.
 
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
-writes what another one reads; the shared k/g/beta entries are written by the tile-0 program only.
+writes what another one reads; the shared k/g entries are written by the tile-0 program only.
 """
 
 import math
@@ -86,39 +91,31 @@ def _tril_inverse(kk, gc, beta, n_rows, TP: tl.constexpr):
 
 
 @triton.jit
-def _fold_chunk(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok, n, i_h, hk, rt, rk, rv, mk, mv,
-                HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BKC: tl.constexpr,
-                NC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """St [BV, BK] with the n pending tokens at ring rows ``tok`` applied as one WY chunk."""
+def _fold_chunk(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rt, rk, rv, mk, mv, HK: tl.constexpr,
+                HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+    """St [BV, BK] with the n pending tokens at ring rows ``tok`` applied: one rank-n product, since the
+    ring holds their writes u (computed by the step that parked them, from this very state)."""
     mp = rt < n
     gp = tl.load(ring_g_ptr + tok * HV + i_h, mask=mp, other=0.0)
-    bp = tl.load(ring_beta_ptr + tok * HV + i_h, mask=mp, other=0.0)
     gcp = tl.cumsum(gp, 0)
-    kp_rows = ring_k_ptr + (tok * HK + hk) * DK
-    inv_p = _tril_inverse(_gram(kp_rows, kp_rows, mp, DK, BKC, NC, TP, PREC), gcp, bp, n, TP)
-    Kp = tl.load(kp_rows[:, None] + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
-    VpT = tl.load(ring_v_ptr + (tok[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mp[None, :], other=0.0)
-    X = tl.dot(St, tl.trans(Kp), input_precision=PREC)
-    UpT = tl.dot(bp[None, :] * (VpT - tl.exp(gcp)[None, :] * X), tl.trans(inv_p), input_precision=PREC)
     g_tot = tl.sum(gp, 0)
+    Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
+    UpT = tl.load(ring_u_ptr + (tok[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mp[None, :], other=0.0)
     return St * tl.exp(g_tot) + tl.dot(UpT, Kp * tl.exp(g_tot - gcp)[:, None], input_precision=PREC)
 
 
 @triton.jit
-def _fold_one(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok0, n, i_h, hk, rk, rv,
+def _fold_one(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok0, n, i_h, hk, rk, rv,
               HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):  # fmt: skip
-    """St with at most one pending token (ring row ``tok0``) applied as a rank-1 delta step.
+    """St with at most one pending token (ring row ``tok0``) applied as a rank-1 write.
 
-    n = 0 loads g = beta = 0, so St comes back unchanged bit for bit (exp(0) = 1, u = 0).
+    n = 0 loads g = 0 and u = 0, so St comes back unchanged bit for bit (exp(0) = 1).
     """
     live = tl.minimum(n, 1)  # masks as index bounds: the interpreter cannot AND a block with a scalar bool
     g = tl.load(ring_g_ptr + tok0 * HV + i_h, mask=live > 0, other=0.0)
-    beta = tl.load(ring_beta_ptr + tok0 * HV + i_h, mask=live > 0, other=0.0)
     kp = tl.load(ring_k_ptr + (tok0 * HK + hk) * DK + rk, mask=rk < live * DK, other=0.0)
-    vp = tl.load(ring_v_ptr + (tok0 * HV + i_h) * DV + rv, mask=rv < live * DV, other=0.0)
-    St = St * tl.exp(g)
-    u = beta * (vp - tl.sum(St * kp[None, :], 1))
-    return St + u[:, None] * kp[None, :]
+    up = tl.load(ring_u_ptr + (tok0 * HV + i_h) * DV + rv, mask=rv < live * DV, other=0.0)
+    return St * tl.exp(g) + up[:, None] * kp[None, :]
 
 
 @triton.jit
@@ -137,7 +134,7 @@ def _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv,
 @triton.jit
 def _replay_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
-    state_ptr, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
+    state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
     o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
@@ -169,10 +166,10 @@ def _replay_verify_kernel(
     St = tl.load(s_ptrs, mask=ms, other=0.0)
     tok = (slot * 2 + phase) * Tmax
     if n > 1:
-        St = _fold_chunk(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok + rt, n, i_h, hk, rt, rk, rv,
-                         mk, mv, HK, HV, DK, DV, BKC, NC, TP, PREC)  # fmt: skip
+        St = _fold_chunk(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok + rt, n, i_h, hk, rt, rk, rv, mk, mv,
+                         HK, HV, DK, DV, PREC)  # fmt: skip
     else:
-        St = _fold_one(St, ring_k_ptr, ring_v_ptr, ring_g_ptr, ring_beta_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
+        St = _fold_one(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
     tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
 
     park = (slot * 2 + 1 - phase) * Tmax
@@ -189,10 +186,9 @@ def _replay_verify_kernel(
         u = beta * (v1 - decay * tl.sum(St * Kn[None, :], 1))
         o = decay * tl.sum(St * Q[None, :], 1) + u * tl.sum(Kn * Q, 0)
         tl.store(o_ptr + (i_b * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
-        tl.store(ring_v_ptr + (park * HV + i_h) * DV + rv, v1, mask=mv)
+        tl.store(ring_u_ptr + (park * HV + i_h) * DV + rv, u, mask=mv)
         if i_v == 0:
             tl.store(ring_g_ptr + park * HV + i_h, g)
-            tl.store(ring_beta_ptr + park * HV + i_h, beta)
             if i_h % (HV // HK) == 0:
                 tl.store(ring_k_ptr + (park * HK + hk) * DK + rk, Kn, mask=mk)
     else:
@@ -229,10 +225,9 @@ def _replay_verify_kernel(
 
         # Park the new tokens in ring half 1 - phase; shared k/g/beta entries have a single writer.
         park_t = park + rt
-        tl.store(ring_v_ptr + (park_t[None, :] * HV + i_h) * DV + rv[:, None], VT, mask=mv[:, None] & mt[None, :])
+        tl.store(ring_u_ptr + (park_t[None, :] * HV + i_h) * DV + rv[:, None], UT, mask=mv[:, None] & mt[None, :])
         if i_v == 0:
             tl.store(ring_g_ptr + park_t * HV + i_h, g, mask=mt)
-            tl.store(ring_beta_ptr + park_t * HV + i_h, beta, mask=mt)
             if i_h % (HV // HK) == 0:
                 tl.store(ring_k_ptr + (park_t[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
 
@@ -333,7 +328,7 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
 
 def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-    state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
+    state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
     block_v: int | None = None, num_warps: int | None = None, precision: str | None = None,
 ) -> Tensor:  # fmt: skip
@@ -348,7 +343,7 @@ def replay_verify_kernel(
         raise OcriaError(f"replay_verify: {T} new tokens exceed the ring capacity Tmax={Tmax}")
     (q, sq), (k, sk), (v, sv), (a, sa), (b, sb) = (token_rows(t) for t in (q, k, v, a, b))
     A_log, dt_bias, slot_ids = A_log.contiguous(), dt_bias.contiguous(), slot_ids.contiguous()
-    _check_launch((q, k, v, a, b), (state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids))
+    _check_launch((q, k, v, a, b), (state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids))
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0:
         return o
@@ -363,8 +358,8 @@ def replay_verify_kernel(
     TP = max(16, triton.next_power_of_2(Tmax))
     grid = (triton.cdiv(Dv, BV), Hv, B)
     _replay_verify_kernel[grid](
-        q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len,
-        slot_ids, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
+        q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
+        o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
         PREC=precision or DOT_PRECISION[v.dtype], ONE_TOKEN=T == 1, PREFETCH=BV <= PREFETCH_MAX_BLOCK_V,
         num_warps=num_warps, **pdl_args(v.device),

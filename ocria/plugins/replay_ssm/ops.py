@@ -12,25 +12,25 @@ from torch import Tensor
 from ocria.plugins.replay_ssm.reference import causal_conv_verify_ref, replay_verify_ref
 from ocria.plugins.switch import kernel_enabled
 
-_RING = ("state", "ring_k", "ring_v", "ring_g", "ring_beta")
+_RING = ("state", "ring_k", "ring_u", "ring_g")
 
 
 @torch.library.custom_op("ocria::replay_verify", mutates_args=_RING)
 def replay_verify_op(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-    state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
+    state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
 ) -> Tensor:  # fmt: skip
     """Triton ``replay_verify`` (see ``reference.replay_verify_ref`` for the contract)."""
     from ocria.plugins.replay_ssm.kernel import replay_verify_kernel
 
     return replay_verify_kernel(
-        q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids
+        q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids
     )
 
 
 @replay_verify_op.register_fake
-def _(q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids):
+def _(q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids):
     return torch.empty_like(v)
 
 
@@ -49,11 +49,11 @@ def _(x, weight, conv_buf, pending_len, slot_ids):
 
 def replay_verify(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
-    state: Tensor, ring_k: Tensor, ring_v: Tensor, ring_g: Tensor, ring_beta: Tensor,
+    state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor, use_kernel: bool | None = None,
 ) -> Tensor:  # fmt: skip
     """Fold pending tokens, verify T new ones, park them; same contract as ``replay_verify_ref``."""
-    args = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids)
+    args = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids)
     if kernel_enabled(q.device, use_kernel, "replay_ssm"):
         return torch.ops.ocria.replay_verify(*args)
     return replay_verify_ref(*args)

@@ -4,19 +4,23 @@ State layout (one entry per sequence slot ``s``; a batch row ``i`` uses slot ``s
 
 - ``state``       [S, Hv, Dk, Dv] fp32: the checkpoint (committed) recurrent state.
 - ``ring_k``      [S, 2, Tmax, Hk, Dk] fp32: L2-normalised keys of recent tokens, two halves.
-- ``ring_v``      [S, 2, Tmax, Hv, Dv] fp32: values of recent tokens.
+- ``ring_u``      [S, 2, Tmax, Hv, Dv] fp32: the delta-rule write ``u`` of recent tokens (below).
 - ``ring_g``      [S, 2, Tmax, Hv] fp32: log-decay ``g`` of recent tokens.
-- ``ring_beta``   [S, 2, Tmax, Hv] fp32: write strength ``beta`` of recent tokens.
 - ``ring_phase``  [S] int32: which half holds the tokens accepted at the last step but not yet folded.
 - ``pending_len`` [S] int32: how many of those tokens were accepted (the rollback cursor).
 - ``conv_buf``    [S, C, K-1+Tmax]: raw conv inputs; after a step, ``[:, :, n:n+K-1]`` is the
   committed window when ``n`` tokens of the step were accepted.
 
 One verify step for T new tokens: fold the pending tokens into the checkpoint (state written once),
-compute the T outputs from it without storing per-token states, and park the T tokens' inputs in the
-other ring half. Rollback after acceptance is a cursor move done by the caller, once for all layers:
+compute the T outputs from it without storing per-token states, and park the T tokens' ``k, u, g`` in
+the other ring half. Rollback after acceptance is a cursor move done by the caller, once for all layers:
 ``ring_phase ^= 1`` and ``pending_len = accepted``. Gated delta rule (``alpha = exp(g)``):
 ``S' = alpha S; u = beta (v - S'^T k); S = S' + k u^T; o = S^T (q / sqrt(Dk))``.
+
+The ring keeps ``u`` rather than ``v`` and ``beta``: ``u`` depends on the state the token saw, and the
+verify step that parks a token computes it from exactly the state the next step folds into (the
+checkpoint it writes). Folding is then ``S = alpha S + k u^T`` per pending token: no read of the
+state feeds back into the update, so a kernel folds n tokens with one rank-n product.
 """
 
 import torch
@@ -35,11 +39,22 @@ def gdn_gates(a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor) -> tuple[Ten
     return g, b.float().sigmoid()
 
 
-def delta_step(S: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
-    """One gated delta-rule update. S [B, H, Dk, Dv]; k [B, H, Dk]; v [B, H, Dv]; g, beta [B, H]."""
+def delta_write(S: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """``(alpha S, u)`` of one gated delta-rule update: the decayed state and the token's write
+    ``u = beta (v - (alpha S)^T k)``. S [B, H, Dk, Dv]; k [B, H, Dk]; v [B, H, Dv]; g, beta [B, H]."""
     S = S * g.exp()[..., None, None]
-    u = beta[..., None] * (v - torch.einsum("bhkv,bhk->bhv", S, k))
+    return S, beta[..., None] * (v - torch.einsum("bhkv,bhk->bhv", S, k))
+
+
+def add_write(S: Tensor, k: Tensor, u: Tensor) -> Tensor:
+    """``S + k u^T``: the rank-1 write of one token into the (decayed) state."""
     return S + k[..., :, None] * u[..., None, :]
+
+
+def delta_step(S: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> Tensor:
+    """One gated delta-rule update (shapes as ``delta_write``)."""
+    S, u = delta_write(S, k, v, g, beta)
+    return add_write(S, k, u)
 
 
 def _expand_heads(x: Tensor, num_v_heads: int) -> Tensor:
@@ -50,9 +65,8 @@ def _expand_heads(x: Tensor, num_v_heads: int) -> Tensor:
 def fold_pending(
     state: Tensor,
     ring_k: Tensor,
-    ring_v: Tensor,
+    ring_u: Tensor,
     ring_g: Tensor,
-    ring_beta: Tensor,
     ring_phase: Tensor,
     pending_len: Tensor,
     slot_ids: Tensor,
@@ -62,18 +76,11 @@ def fold_pending(
     S = state[slot_ids].to(compute_dtype)
     phase = ring_phase[slot_ids].long()
     n = pending_len[slot_ids]
-    pk, pv = ring_k[slot_ids, phase], ring_v[slot_ids, phase]
-    pg, pb = ring_g[slot_ids, phase], ring_beta[slot_ids, phase]
-    num_v_heads = pv.shape[-2]
+    pk, pu, pg = (r[slot_ids, phase].to(compute_dtype) for r in (ring_k, ring_u, ring_g))
+    num_v_heads = pu.shape[-2]
     for t in range(pk.shape[1]):
         live = (n > t)[:, None, None, None]
-        S_next = delta_step(
-            S,
-            _expand_heads(pk[:, t].to(compute_dtype), num_v_heads),
-            pv[:, t].to(compute_dtype),
-            pg[:, t].to(compute_dtype),
-            pb[:, t].to(compute_dtype),
-        )
+        S_next = add_write(S * pg[:, t].exp()[..., None, None], _expand_heads(pk[:, t], num_v_heads), pu[:, t])
         S = torch.where(live, S_next, S)
     return S
 
@@ -88,9 +95,8 @@ def replay_verify_ref(
     dt_bias: Tensor,
     state: Tensor,
     ring_k: Tensor,
-    ring_v: Tensor,
+    ring_u: Tensor,
     ring_g: Tensor,
-    ring_beta: Tensor,
     ring_phase: Tensor,
     pending_len: Tensor,
     slot_ids: Tensor,
@@ -99,12 +105,12 @@ def replay_verify_ref(
 
     q, k [B, T, Hk, Dk] and v [B, T, Hv, Dv] are the conv+SiLU outputs (q/k not yet normalised);
     a, b [B, T, Hv] are the raw ``in_proj_a`` / ``in_proj_b`` outputs. Mutates ``state`` (pending
-    tokens folded in) and the ring half ``1 - ring_phase`` (the T new tokens); the caller then flips
+    tokens folded in) and the ring half ``1 - ring_phase`` (the T new tokens' k, u, g); the caller then flips
     ``ring_phase`` and sets ``pending_len`` to the accepted count.
     """
     T, Dk = k.shape[1], k.shape[-1]
     num_v_heads = v.shape[-2]
-    S = fold_pending(state, ring_k, ring_v, ring_g, ring_beta, ring_phase, pending_len, slot_ids)
+    S = fold_pending(state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids)
     state[slot_ids] = S.to(state.dtype)
 
     compute_dtype = S.dtype
@@ -114,15 +120,17 @@ def replay_verify_ref(
     vc = v.to(compute_dtype)
     g, beta = g.to(compute_dtype), beta.to(compute_dtype)
     out = torch.empty(v.shape, dtype=compute_dtype, device=v.device)
+    u = torch.empty(v.shape, dtype=compute_dtype, device=v.device)
     for t in range(T):
-        S = delta_step(S, _expand_heads(kn[:, t], num_v_heads), vc[:, t], g[:, t], beta[:, t])
+        k_t = _expand_heads(kn[:, t], num_v_heads)
+        S, u[:, t] = delta_write(S, k_t, vc[:, t], g[:, t], beta[:, t])
+        S = add_write(S, k_t, u[:, t])
         out[:, t] = torch.einsum("bhkv,bhk->bhv", S, _expand_heads(qn[:, t], num_v_heads))
 
     park = 1 - ring_phase[slot_ids].long()
     ring_k[slot_ids, park, :T] = kn.to(ring_k.dtype)
-    ring_v[slot_ids, park, :T] = vc.to(ring_v.dtype)
+    ring_u[slot_ids, park, :T] = u.to(ring_u.dtype)
     ring_g[slot_ids, park, :T] = g.to(ring_g.dtype)
-    ring_beta[slot_ids, park, :T] = beta.to(ring_beta.dtype)
     return out.to(v.dtype)
 
 
