@@ -258,6 +258,11 @@ def bench_row(B, T, heads, dtype, device, bw, config, fla_fn, rotate_bytes, base
     return row
 
 
+def launch_kwargs(cfg: tuple[int, ...]) -> dict:
+    """``replay_verify_kernel`` keyword arguments of a ``BVxWARPS[xMAXREG]`` tile config."""
+    return dict(zip(("block_v", "num_warps", "max_registers"), cfg, strict=False))
+
+
 def check_launch(B, T, heads, device, configs, Tmax=16):
     """Each config's outputs, folded state and ring vs replay_verify_ref in float64 on the same bf16
     inputs, with pending counts drawn over 0..Tmax so the rank-1 and chunk folds both run."""
@@ -270,10 +275,10 @@ def check_launch(B, T, heads, device, configs, Tmax=16):
     ref = {k: (v.double() if v.is_floating_point() else v.clone()) for k, v in bufs.items()}
     o_ref = R.replay_verify_ref(**{k: t.double() for k, t in inp.items()}, **ref, slot_ids=slots)
     out = {}
-    for bv, nw in configs:
+    for cfg in configs:
         mine = {k: v.clone() for k, v in bufs.items()}
-        o = K.replay_verify_kernel(**inp, **mine, slot_ids=slots, block_v=bv, num_warps=nw)
-        out[f"{bv}x{nw}"] = dict(
+        o = K.replay_verify_kernel(**inp, **mine, slot_ids=slots, **launch_kwargs(cfg))
+        out["x".join(map(str, cfg))] = dict(
             output=rel_err(o, o_ref),
             state=rel_err(mine["state"], ref["state"]),
             ring=max(rel_err(mine[n], ref[n]) for n in ("ring_k", "ring_u", "ring_g")),
@@ -302,10 +307,10 @@ def launch_ab(args, heads, device, bw, rotate, result, save):
             row = dict(batch=B, T=T, pending=T, auto=f"{auto[0]}x{auto[1]}")
             row["programs_auto"] = triton.cdiv(D, auto[0]) * Hv * B
             row["check"] = check_launch(B, T, heads, device, configs)
-            for bv, nw in configs:
-                timed = bench_row(B, T, heads, torch.bfloat16, device, bw, dict(block_v=bv, num_warps=nw), None,
+            for cfg in configs:
+                timed = bench_row(B, T, heads, torch.bfloat16, device, bw, launch_kwargs(cfg), None,
                                   rotate, baselines=False)  # fmt: skip
-                row[f"{bv}x{nw}_us"] = timed["ours_us"]
+                row["x".join(map(str, cfg)) + "_us"] = timed["ours_us"]
                 row["floor_us"] = timed["floor_us"]
             row["old_us"], row["new_us"] = row["64x4_us"], row[f"{auto[0]}x{auto[1]}_us"]
             row["old_over_new"] = row["old_us"] / row["new_us"]
@@ -362,7 +367,7 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--ts", type=int, nargs="+", default=[1, 8, 16])
     p.add_argument("--rotate-mib", type=int, default=1024, help="distinct memory each timed graph touches")
-    p.add_argument("--configs", nargs="+", default=["128x8", "64x4"], help="BVxWARPS tile configs to sweep")
+    p.add_argument("--configs", nargs="+", default=["128x8", "64x4"], help="BVxWARPS[xMAXREG] tile configs to sweep")
     p.add_argument("--sweep", type=int, nargs="+", default=[32, 8, 16], help="batch and T of the config sweep")
     ab_help = "only replay_verify: 64x4 (the old launch) vs launch_config's pick and --configs, per row"
     p.add_argument("--launch-ab", action="store_true", help=ab_help)
@@ -393,7 +398,7 @@ def main() -> None:
         launch_ab(args, heads, device, bw if device.type == "cuda" else 1e12, rotate, result, save)
         return
 
-    configs = [dict(zip(("block_v", "num_warps"), map(int, c.split("x")), strict=True)) for c in args.configs]
+    configs = [launch_kwargs(tuple(map(int, c.split("x")))) for c in args.configs]
     result["correctness"] = check_correctness(heads, device, configs[0])
     result["cross_check_fp32"] = cross_check(heads, device, fla_fn, configs[0])
     result["dot_precision"] = {str(k).removeprefix("torch."): v for k, v in K.DOT_PRECISION.items()}
@@ -412,7 +417,7 @@ def main() -> None:
         sweep.append(dict(config, us=row["ours_us"], floor_us=row["floor_us"]))
         print(f"sweep {config}: {row['ours_us']:.1f} us (floor {row['floor_us']:.1f})")
     best = min(sweep, key=lambda r: r["us"])
-    config = dict(block_v=best["block_v"], num_warps=best["num_warps"])
+    config = {k: v for k, v in best.items() if k in ("block_v", "num_warps", "max_registers")}
     result["sweep"], result["config"] = sweep, config
 
     rows = result["rows"] = []

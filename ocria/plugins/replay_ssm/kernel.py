@@ -104,7 +104,7 @@ def _fold_chunk(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rt, rk,
     g_tot = tl.sum(gp, 0)
     Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
     UpT = tl.load(ring_u_ptr + (tok[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mp[None, :], other=0.0)
-    return St * tl.exp(g_tot) + tl.dot(UpT, Kp * tl.exp(g_tot - gcp)[:, None], input_precision=PREC)
+    return tl.dot(UpT, Kp * tl.exp(g_tot - gcp)[:, None], St * tl.exp(g_tot), input_precision=PREC)
 
 
 @triton.jit
@@ -222,7 +222,7 @@ def _replay_verify_kernel(
         X = tl.dot(St, tl.trans(Kn), input_precision=PREC)
         UT = tl.dot(beta[None, :] * (VT - tl.exp(gc)[None, :] * X), tl.trans(inv), input_precision=PREC)
         Y = tl.dot(St, tl.trans(Q), input_precision=PREC)
-        OT = tl.exp(gc)[None, :] * Y + tl.dot(UT, tl.trans(P), input_precision=PREC)
+        OT = tl.dot(UT, tl.trans(P), tl.exp(gc)[None, :] * Y, input_precision=PREC)
         o_ptrs = o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None]
         tl.store(o_ptrs, OT.to(o_ptr.dtype.element_ty), mask=mv[:, None] & mt[None, :])
 
@@ -334,6 +334,7 @@ def replay_verify_kernel(
     state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
     block_v: int | None = None, num_warps: int | None = None, precision: str | None = None,
+    max_registers: int | None = None,
 ) -> Tensor:  # fmt: skip
     """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32.
     ``block_v`` / ``num_warps`` default to ``launch_config`` for this batch and device."""
@@ -365,7 +366,7 @@ def replay_verify_kernel(
         o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
         PREC=precision or DOT_PRECISION[v.dtype], ONE_TOKEN=T == 1, PREFETCH=BV <= PREFETCH_MAX_BLOCK_V,
-        num_warps=num_warps, **pdl_args(v.device),
+        num_warps=num_warps, **pdl_args(v.device), **({"maxnreg": max_registers} if max_registers else {}),
     )  # fmt: skip
     return o
 
