@@ -86,11 +86,12 @@ def snapshot_verify(q, k, v, a, b, A_log, dt_bias, src, src_idx, snap, dst_idx, 
 
 
 def _fla():
+    """flash-linear-attention's recurrent kernel, or the reason it cannot be imported."""
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-    except ImportError:
-        return None
-    return fused_recurrent_gated_delta_rule
+    except ImportError as e:
+        return None, f"not installed ({type(e).__name__}: {e})"
+    return fused_recurrent_gated_delta_rule, "installed"
 
 
 def _time_us(calls, device, reps=15):
@@ -303,8 +304,9 @@ def launch_ab(args, heads, device, bw, rotate, result, save):
     for B in args.batches:
         for T in args.ts:
             auto = K.launch_config(B, Hv, D, sms)
+            auto = tuple(x for x in auto if x is not None)
             configs = list(dict.fromkeys([(64, 4), auto, *[tuple(map(int, c.split("x"))) for c in args.configs]]))
-            row = dict(batch=B, T=T, pending=T, auto=f"{auto[0]}x{auto[1]}")
+            row = dict(batch=B, T=T, pending=T, auto="x".join(map(str, auto)))
             row["programs_auto"] = triton.cdiv(D, auto[0]) * Hv * B
             row["check"] = check_launch(B, T, heads, device, configs)
             for cfg in configs:
@@ -312,7 +314,7 @@ def launch_ab(args, heads, device, bw, rotate, result, save):
                                   rotate, baselines=False)  # fmt: skip
                 row["x".join(map(str, cfg)) + "_us"] = timed["ours_us"]
                 row["floor_us"] = timed["floor_us"]
-            row["old_us"], row["new_us"] = row["64x4_us"], row[f"{auto[0]}x{auto[1]}_us"]
+            row["old_us"], row["new_us"] = row["64x4_us"], row[row["auto"] + "_us"]
             row["old_over_new"] = row["old_us"] / row["new_us"]
             row["new_over_floor"] = row["new_us"] / row["floor_us"]
             if (B, T) in previous:
@@ -377,12 +379,12 @@ def main() -> None:
     device = torch.device(args.device)
     heads = tuple(args.heads)
     rotate = args.rotate_mib << 20
-    fla_fn = _fla()
+    fla_fn, fla_status = _fla()
     result = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (interpreter smoke run)",
         command="python3 " + shlex.join(sys.argv),
-        torch=torch.__version__, triton=triton.__version__, fla="installed" if fla_fn else "not installed",
+        torch=torch.__version__, triton=triton.__version__, fla=fla_status,
         heads=dict(Hk=heads[0], Hv=heads[1], Dk=heads[2], Dv=heads[2]), state_dtype="float32", input_dtype="bfloat16",
     )  # fmt: skip
 

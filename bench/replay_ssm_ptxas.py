@@ -13,12 +13,12 @@ import re
 from ptxas import compile_report, compile_sm90
 from timing import save_json
 
-from ocria.plugins.replay_ssm.kernel import KEY_CHUNK, PREFETCH_MAX_BLOCK_V, _replay_verify_kernel
+from ocria.plugins.replay_ssm.kernel import PREFETCH_MAX_BLOCK_V, _chunk_prep_kernel, _replay_verify_kernel
 
 _TYPES = dict(
     q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", a_ptr="*bf16", b_ptr="*bf16", A_log_ptr="*fp32",
     dt_bias_ptr="*fp32", state_ptr="*fp32", ring_k_ptr="*fp32", ring_u_ptr="*fp32", ring_g_ptr="*fp32",
-    ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", o_ptr="*bf16",
+    ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", mats_ptr="*fp32", q_scale_ptr="*fp32", o_ptr="*bf16",
     T="i32", Tmax="i32", scale="fp32", eps="fp32", sq="i32", sk="i32", sv="i32", sa="i32", sb="i32",
 )  # fmt: skip
 # What a launch specializes (16-byte aligned pointers, row strides of the fused projections multiples of 16):
@@ -28,7 +28,7 @@ DIVISIBLE_BY_16 = tuple(n for n, t in _TYPES.items() if t.startswith("*")) + ("s
 
 def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
     Hk, Hv, D = heads
-    consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, BKC=min(KEY_CHUNK, D), TP=16, PREC=precision,
+    consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, TP=16, PREC=precision,
                   ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V, PDL=False)
     out = compile_sm90(_replay_verify_kernel, _TYPES, consts, num_warps, divisible_by_16=DIVISIBLE_BY_16)
     ptx = out["ptx"]
@@ -38,6 +38,16 @@ def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool,
         spill_store_bytes=out["spill_store_bytes"], spill_load_bytes=out["spill_load_bytes"],
         wgmma_tiles=tiles, mma_sync=ptx.count("mma.sync"),
     )  # fmt: skip
+
+
+def prep_stats(precision: str, heads=(16, 32, 128)) -> dict:
+    """The T x T prep kernel (one program per key head and batch row) for T > 1."""
+    Hk, Hv, D = heads
+    consts = dict(HK=Hk, HV=Hv, DK=D, BK=D, TP=16, PREC=precision, PDL=False)
+    aligned = tuple(n for n in DIVISIBLE_BY_16 if n in _chunk_prep_kernel.arg_names)
+    out = compile_sm90(_chunk_prep_kernel, _TYPES, consts, 4, divisible_by_16=aligned)
+    return dict(kernel="chunk_prep", num_warps=4, precision=precision, registers=out["registers"],
+                spill_store_bytes=out["spill_store_bytes"], spill_load_bytes=out["spill_load_bytes"])
 
 
 def main() -> None:
@@ -50,13 +60,17 @@ def main() -> None:
         for prec in ("tf32", "tf32x3")
         for one in (True, False)
     ]
-    save_json(compile_report(rows), args.out)
+    prep = [prep_stats(prec) for prec in ("tf32", "tf32x3")]
+    save_json(compile_report(rows + prep), args.out)
     print(f"{'BV':>4} {'warps':>5} {'precision':>9} {'T=1':>4} {'regs':>4} {'spill st/ld B':>14}  wgmma tiles")
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"
         print(f"{r['block_v']:>4} {r['num_warps']:>5} {r['precision']:>9} {'yes' if r['one_token'] else 'no':>4} "
               f"{r['registers']:>4} {spill:>14}  "
               f"{','.join(r['wgmma_tiles']) or 'mma.sync only'}")  # fmt: skip
+    for r in prep:
+        print(f"chunk_prep {r['precision']:>9}: {r['registers']} registers, "
+              f"{r['spill_store_bytes']}/{r['spill_load_bytes']} B spilled")
 
 
 if __name__ == "__main__":

@@ -157,13 +157,15 @@ def test_narrow_column_tiles_match_float64_recurrence(block_v, dtype):
 
 def test_launch_config_fills_the_gpu_at_small_batch():
     """Qwen3.5 heads (32 value heads of 128) on 132 SMs: narrow tiles until the grid has two programs
-    per SM, the 64-column tile once it has."""
-    picks = {B: launch_config(B, 32, 128, 132) for B in (1, 2, 4, 8, 32, 64)}
-    assert picks == {1: (16, 4), 2: (16, 4), 4: (32, 4), 8: (64, 4), 32: (64, 4), 64: (64, 4)}
-    for B, (bv, _) in picks.items():
+    per SM, the 64-column tile once it has, and the register cap once it has eight."""
+    picks = {B: launch_config(B, 32, 128, 132) for B in (1, 2, 4, 8, 16, 32, 64)}
+    assert picks == {1: (16, 4, None), 2: (16, 4, None), 4: (32, 4, None), 8: (64, 4, None), 16: (64, 4, None),
+                     32: (64, 4, 168), 64: (64, 4, 168)}  # fmt: skip
+    for B, (bv, _, cap) in picks.items():
         programs = (128 // bv) * 32 * B
         assert programs >= 2 * 132 or bv == 16
         assert bv == 64 or (128 // (2 * bv)) * 32 * B < 2 * 132  # the next wider tile would not fill it
+        assert (cap is not None) == (programs >= 8 * 132)
 
 
 def test_nothing_pending_leaves_state_bit_identical():

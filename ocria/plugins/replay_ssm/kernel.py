@@ -17,18 +17,20 @@ first n tokens is what the next step needs to fold those n tokens if they are ac
 U (not V and beta), and the fold is the single product ``S_T`` above, with no Gram matrix, inverse or
 state read feeding back.
 
-The T x T Gram matrices are summed over 32-wide key chunks so no thread holds a whole [T, Dk]
-operand; with the transposed state this keeps register spills small
-(``bench/results/replay_ssm_ptxas.json``).
+The state-independent T x T part (L2-norms, gates, Gram matrices, the inverse, the decayed scores) runs
+first, in ``_chunk_prep_kernel``, once per (value head, batch row): inside the state-tile program it was
+repeated per column tile and held registers through the state's products. The inverse is the series
+(I - A)(I + A^2)(I + A^4)... of fp32 products, not a row-by-row substitution.
 
 A chunk of one token needs none of that: at most one pending token (a runtime branch on the slot's
 count) is folded as a plain rank-1 write, a single new token (T = 1, a compile-time branch: plain
 decoding) is verified with two row reductions of the state, and a slot with nothing pending skips the
 state write. ``launch_config`` narrows the column tile for small batches so the grid still covers
-the SMs.
+the SMs, and caps registers when the grid is deep.
 
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
-writes what another one reads; the shared k/g entries are written by the tile-0 program only.
+writes what another one reads; each shared k/g entry has one writer (T = 1: the tile-0 program; T > 1:
+the prep kernel, which the verify kernel runs after).
 """
 
 import math
@@ -47,31 +49,19 @@ from ocria.plugins.launch import pdl_args, pdl_enter
 # products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (H200
 # check in bench/results/replay_ssm_h200.json), under bf16's own rounding, at a third of the registers.
 DOT_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
-KEY_CHUNK = 32
 # At T = 1 the new token's loads can go out before the fold, off the critical path, but its values are
 # then held across the fold: free in registers for 16-column tiles, 170 -> 208 registers (one program
 # fewer per SM) for 32 columns and more spills for 64 (Triton 3.9 + ptxas, sm_90a; a guide for the H200's
 # 3.6). Narrow tiles are the small-batch launch, where latency and not occupancy sets the time.
 PREFETCH_MAX_BLOCK_V = 16
+# The prep kernel's work is [T, T] matrices: with few warps its reductions stay inside a warp (shuffles, no
+# shared-memory round trips), which is what its latency is made of.
+PREP_WARPS = 2
 
 
 @triton.jit
 def _softplus(x):
     return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-
-
-@triton.jit
-def _gram(x_rows, y_rows, m_rows, DK: tl.constexpr, BKC: tl.constexpr, NC: tl.constexpr, TP: tl.constexpr,
-          PREC: tl.constexpr):  # fmt: skip
-    """[TP, TP] matrix of row dot products x_i.y_j, summed over NC key chunks of BKC columns."""
-    rc = tl.arange(0, BKC)
-    acc = tl.zeros([TP, TP], dtype=tl.float32)
-    for c in tl.static_range(NC):
-        m = m_rows[:, None] & (c * BKC + rc < DK)[None, :]
-        x = tl.load(x_rows[:, None] + c * BKC + rc[None, :], mask=m, other=0.0).to(tl.float32)
-        y = tl.load(y_rows[:, None] + c * BKC + rc[None, :], mask=m, other=0.0).to(tl.float32)
-        acc += tl.dot(x, tl.trans(y), input_precision=PREC)
-    return acc
 
 
 @triton.jit
@@ -135,12 +125,59 @@ def _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv,
 
 
 @triton.jit
+def _chunk_prep_kernel(
+    q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr, slot_ptr,
+    mats_ptr, q_scale_ptr, T, Tmax, scale, eps, sq, sk, sa, sb,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
+    PREC: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The state-independent T x T work of a verify chunk, once per (value head, batch row) instead of in
+    every state tile: L2-norms, gates, the triangular inverse and the decayed scores. Writes the log-decays
+    to the ring (park half), and per value head ``mats`` [B, Hv, 2, TP, TP]: (I + A)^-1 with column j
+    scaled by beta_j, and the causal decayed scores P_ij = exp(G_i - G_j) q_i.k_j (j <= i). The first value
+    head of each key head also parks the normalised keys and writes each row's query scale to ``q_scale``
+    [B, T, Hk]."""
+    pdl_enter(PDL)
+    i_h, i_b = tl.program_id(0), tl.program_id(1)
+    hk = i_h // (HV // HK)
+    rt = tl.arange(0, TP)
+    rk = tl.arange(0, BK)
+    mt = rt < T
+    mtk = mt[:, None] & (rk < DK)[None, :]
+    row = (i_b * T + rt).to(tl.int64)
+    Kn = tl.load(k_ptr + row[:, None] * sk + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+    Kn = Kn * tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)[:, None]
+    Q = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+    rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
+    a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
+    g = tl.where(mt, -tl.exp(tl.load(A_log_ptr + i_h).to(tl.float32)) * _softplus(a + tl.load(dt_bias_ptr + i_h)), 0.0)
+    beta = tl.where(mt, tl.sigmoid(b), 0.0)
+    gc = tl.cumsum(g, 0)
+    inv = _tril_inverse(tl.dot(Kn, tl.trans(Kn), input_precision=PREC), gc, beta, TP)
+    causal = rt[:, None] >= rt[None, :]
+    qk = tl.dot(Q * rn_q[:, None], tl.trans(Kn), input_precision=PREC)
+    P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    park = (slot * 2 + 1 - tl.load(ring_phase_ptr + slot).to(tl.int64)) * Tmax + rt
+    tl.store(ring_g_ptr + park * HV + i_h, g, mask=mt)
+    base = mats_ptr + (i_b * HV + i_h).to(tl.int64) * 2 * TP * TP
+    mat = rt[:, None] * TP + rt[None, :]
+    tl.store(base + mat, inv * beta[None, :])
+    tl.store(base + TP * TP + mat, P)
+    if i_h % (HV // HK) == 0:
+        tl.store(ring_k_ptr + (park[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
+        tl.store(q_scale_ptr + row * HK + hk, rn_q, mask=mt)
+
+
+@triton.jit
 def _replay_verify_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
-    o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
+    mats_ptr, q_scale_ptr, o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, BKC: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
     ONE_TOKEN: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_enter(PDL)
@@ -151,7 +188,6 @@ def _replay_verify_kernel(
     rv = i_v * BV + tl.arange(0, BV)
     mk, mv = rk < DK, rv < DV
     ms = mv[:, None] & mk[None, :]
-    NC: tl.constexpr = BK // BKC
     A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
     dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
     if ONE_TOKEN and PREFETCH:  # the new token's inputs do not depend on the slot: their loads go out first
@@ -195,44 +231,28 @@ def _replay_verify_kernel(
             if i_h % (HV // HK) == 0:
                 tl.store(ring_k_ptr + (park * HK + hk) * DK + rk, Kn, mask=mk)
     else:
-        # The T new tokens: L2-norm, gates, then outputs from the folded state.
+        # The T new tokens, with their T x T matrices from _chunk_prep_kernel: outputs from the folded state.
         mt = rt < T
         row = (i_b * T + rt).to(tl.int64)
         mtk = mt[:, None] & mk[None, :]
-        k_rows = k_ptr + row * sk + hk * DK
-        q_rows = q_ptr + row * sq + hk * DK
-        Kn = tl.load(k_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-        rn_k = tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)
-        Kn = Kn * rn_k[:, None]
-        Q = tl.load(q_rows[:, None] + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-        rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
-        Q = Q * rn_q[:, None]
-        a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
-        g = tl.where(mt, -tl.exp(A_log) * _softplus(a + dt_bias), 0.0)
-        beta = tl.where(mt, tl.sigmoid(b), 0.0)
-        gc = tl.cumsum(g, 0)
-        kk = _gram(k_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_k[:, None] * rn_k[None, :]
-        inv = _tril_inverse(kk, gc, beta, TP)
-        causal = rt[:, None] >= rt[None, :]
-        qk = _gram(q_rows, k_rows, mt, DK, BKC, NC, TP, PREC) * rn_q[:, None] * rn_k[None, :]
-        P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+        park_t = park + rt
+        Kn = tl.load(ring_k_ptr + (park_t[:, None] * HK + hk) * DK + rk[None, :], mask=mtk, other=0.0)
+        Q = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+        Q = Q * tl.load(q_scale_ptr + row * HK + hk, mask=mt, other=0.0)[:, None]
+        decay = tl.exp(tl.cumsum(tl.load(ring_g_ptr + park_t * HV + i_h, mask=mt, other=0.0), 0))
+        base = mats_ptr + (i_b * HV + i_h).to(tl.int64) * 2 * TP * TP
+        mat_t = rt[None, :] * TP + rt[:, None]  # transposed reads: the products need inv^T and P^T
+        inv_beta_t = tl.load(base + mat_t)
+        P_t = tl.load(base + TP * TP + mat_t)
         VT = tl.load(v_ptr + row[None, :] * sv + i_h * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
-        VT = VT.to(tl.float32)
         X = tl.dot(St, tl.trans(Kn), input_precision=PREC)
-        UT = tl.dot(beta[None, :] * (VT - tl.exp(gc)[None, :] * X), tl.trans(inv), input_precision=PREC)
+        UT = tl.dot(VT.to(tl.float32) - decay[None, :] * X, inv_beta_t, input_precision=PREC)
         Y = tl.dot(St, tl.trans(Q), input_precision=PREC)
-        OT = tl.dot(UT, tl.trans(P), tl.exp(gc)[None, :] * Y, input_precision=PREC)
+        OT = tl.dot(UT, P_t, decay[None, :] * Y, input_precision=PREC)
         o_ptrs = o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None]
         tl.store(o_ptrs, OT.to(o_ptr.dtype.element_ty), mask=mv[:, None] & mt[None, :])
-
-        # Park the new tokens in ring half 1 - phase; shared k/g/beta entries have a single writer.
-        park_t = park + rt
+        # Park the new tokens' writes in ring half 1 - phase (their k and g are parked by the prep kernel).
         tl.store(ring_u_ptr + (park_t[None, :] * HV + i_h) * DV + rv[:, None], UT, mask=mv[:, None] & mt[None, :])
-        if i_v == 0:
-            tl.store(ring_g_ptr + park_t * HV + i_h, g, mask=mt)
-            if i_h % (HV // HK) == 0:
-                tl.store(ring_k_ptr + (park_t[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
 
 
 @triton.jit
@@ -305,6 +325,8 @@ def _check_launch(inputs: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> No
 # The interpreter has no SMs: CPU runs take the H200's count, so they launch the tiles an H200 would.
 H200_SM_COUNT = 132
 BLOCK_V_CHOICES = (64, 32, 16)
+DEEP_GRID_PROGRAMS_PER_SM = 8
+DEEP_GRID_MAX_REGISTERS = 168
 
 
 @lru_cache(maxsize=16)
@@ -314,19 +336,24 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) -> tuple[int, int]:
-    """(block_v, num_warps) of a verify launch: the widest column tile whose grid still gives every SM
-    two programs, 16 columns when none does.
+def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) -> tuple[int, int, int | None]:
+    """(block_v, num_warps, max_registers) of a verify launch: the widest column tile whose grid still gives
+    every SM two programs, 16 columns when none does; a register cap once the grid is deep.
 
-    A program runs its state load, fold, Gram/inverse and store one after another, so a small grid
-    (64 programs for batch 1 at Qwen3.5 heads with 64 columns) leaves SMs idle and exposes that chain;
+    A program runs its state load, fold, products and store one after another, so a small grid (64
+    programs for batch 1 at Qwen3.5 heads with 64 columns) leaves SMs idle and exposes that chain;
     narrower tiles spread the same state over more programs. Wide tiles stay where the grid is large:
-    they feed wgmma and repeat the per-head T x T work over fewer tiles.
+    they feed wgmma. A 64-column program needs ~220-255 registers, two per SM; capped at
+    ``DEEP_GRID_MAX_REGISTERS`` (a few hundred bytes of spills) three fit, which pays once every SM has
+    ``DEEP_GRID_PROGRAMS_PER_SM`` programs to run (bench/results/replay_ssm_launch_prep_h200.json:
+    batch >= 32 faster, batch 8 slower).
     """
     for bv in BLOCK_V_CHOICES[:-1]:
-        if triton.cdiv(head_v_dim, bv) * num_v_heads * batch >= 2 * sm_count:
-            return bv, 4
-    return BLOCK_V_CHOICES[-1], 4
+        programs = triton.cdiv(head_v_dim, bv) * num_v_heads * batch
+        if programs >= 2 * sm_count:
+            deep = bv == 64 and programs >= DEEP_GRID_PROGRAMS_PER_SM * sm_count
+            return bv, 4, DEEP_GRID_MAX_REGISTERS if deep else None
+    return BLOCK_V_CHOICES[-1], 4, None
 
 
 def replay_verify_kernel(
@@ -337,7 +364,8 @@ def replay_verify_kernel(
     max_registers: int | None = None,
 ) -> Tensor:  # fmt: skip
     """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32.
-    ``block_v`` / ``num_warps`` default to ``launch_config`` for this batch and device."""
+    ``block_v`` / ``num_warps`` / ``max_registers`` default to ``launch_config`` for this batch and device
+    (the register cap only when no tile is given)."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[-2:]
     Tmax = ring_k.shape[2]
@@ -351,7 +379,9 @@ def replay_verify_kernel(
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0:
         return o
-    auto_bv, auto_warps = launch_config(B, Hv, Dv, _sm_count(v.device))
+    auto_bv, auto_warps, auto_registers = launch_config(B, Hv, Dv, _sm_count(v.device))
+    if block_v is None and num_warps is None and max_registers is None:
+        max_registers = auto_registers
     block_v, num_warps = block_v or auto_bv, num_warps or auto_warps
     BV = max(16, min(block_v, triton.next_power_of_2(Dv)))
     if 64 <= BV < 16 * num_warps:
@@ -360,13 +390,22 @@ def replay_verify_kernel(
         raise OcriaError(f"replay_verify: block_v={BV} with {num_warps} warps; use block_v >= {16 * num_warps}")
     BK = max(16, triton.next_power_of_2(Dk))
     TP = max(16, triton.next_power_of_2(Tmax))
-    grid = (triton.cdiv(Dv, BV), Hv, B)
-    _replay_verify_kernel[grid](
+    precision = precision or DOT_PRECISION[v.dtype]
+    # Scratch of the T x T prep (T > 1 only): per value head (I + A)^-1 diag(beta) and P, per row q's scale.
+    mats = torch.empty((B, Hv, 2, TP, TP) if T > 1 else (1,), dtype=torch.float32, device=v.device)
+    q_scale = torch.empty((B, T, Hk) if T > 1 else (1,), dtype=torch.float32, device=v.device)
+    if T > 1:
+        _chunk_prep_kernel[(Hv, B)](
+            q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, q_scale,
+            T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,
+            HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, **pdl_args(v.device),
+        )  # fmt: skip
+    _replay_verify_kernel[(triton.cdiv(Dv, BV), Hv, B)](
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
-        o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
-        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, BKC=min(KEY_CHUNK, BK), TP=TP,
-        PREC=precision or DOT_PRECISION[v.dtype], ONE_TOKEN=T == 1, PREFETCH=BV <= PREFETCH_MAX_BLOCK_V,
-        num_warps=num_warps, **pdl_args(v.device), **({"maxnreg": max_registers} if max_registers else {}),
+        mats, q_scale, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
+        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, TP=TP, PREC=precision, ONE_TOKEN=T == 1,
+        PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, num_warps=num_warps, **pdl_args(v.device),
+        **({"maxnreg": max_registers} if max_registers else {}),
     )  # fmt: skip
     return o
 
