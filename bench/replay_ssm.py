@@ -400,9 +400,11 @@ def main() -> None:
         launch_ab(args, heads, device, bw if device.type == "cuda" else 1e12, rotate, result, save)
         return
 
+    # Correctness and the table use the launch the runtime makes (launch_config's pick for each batch);
+    # the sweep times fixed tile configs beside it on one row.
     configs = [launch_kwargs(tuple(map(int, c.split("x")))) for c in args.configs]
-    result["correctness"] = check_correctness(heads, device, configs[0])
-    result["cross_check_fp32"] = cross_check(heads, device, fla_fn, configs[0])
+    result["correctness"] = check_correctness(heads, device, {})
+    result["cross_check_fp32"] = cross_check(heads, device, fla_fn, {})
     result["dot_precision"] = {str(k).removeprefix("torch."): v for k, v in K.DOT_PRECISION.items()}
     print(json.dumps(result["correctness"], indent=1), json.dumps(result["cross_check_fp32"]))
 
@@ -411,34 +413,34 @@ def main() -> None:
     if device.type != "cuda":
         bw = 1e12  # nominal, so the smoke run exercises the floor arithmetic
 
-    # Small sweep of tile shape / warps / dot precision on one row; the best runs the table.
     sweep = []
-    for config in configs:
+    for config in [{}, *configs]:
         row = bench_row(args.sweep[0], args.sweep[1], heads, torch.bfloat16, device, bw, config, None, rotate,
                         baselines=False)  # fmt: skip
-        sweep.append(dict(config, us=row["ours_us"], floor_us=row["floor_us"]))
-        print(f"sweep {config}: {row['ours_us']:.1f} us (floor {row['floor_us']:.1f})")
-    best = min(sweep, key=lambda r: r["us"])
-    config = {k: v for k, v in best.items() if k in ("block_v", "num_warps", "max_registers")}
-    result["sweep"], result["config"] = sweep, config
+        sweep.append(dict(config or dict(launch="launch_config"), us=row["ours_us"], floor_us=row["floor_us"]))
+        print(f"sweep {config or 'launch_config'}: {row['ours_us']:.1f} us (floor {row['floor_us']:.1f})")
+    result["sweep"], result["config"] = sweep, "launch_config"
 
     rows = result["rows"] = []
     save()
     for B in args.batches:
         for T in args.ts:
-            rows.append(bench_row(B, T, heads, torch.bfloat16, device, bw, config, fla_fn, rotate))
+            rows.append(bench_row(B, T, heads, torch.bfloat16, device, bw, {}, fla_fn, rotate))
+            rows[-1]["launch"] = "x".join(str(x) for x in K.launch_config(B, heads[1], heads[2], K._sm_count(device))
+                                          if x is not None)  # fmt: skip
             print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()})
             save()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
 
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s; config {result['config']}")
-    head = ("B", "T", "ours", "floor", "x floor", "conv", "snapshot", "snap/ours", "fla")
-    print(" ".join(f"{h:>{w}}" for h, w in zip(head, (3, 3, 8, 8, 7, 7, 9, 9, 8), strict=True)))
+    head = ("B", "T", "launch", "ours", "floor", "x floor", "conv", "snapshot", "snap/ours", "fla")
+    print(" ".join(f"{h:>{w}}" for h, w in zip(head, (3, 3, 8, 8, 8, 7, 7, 9, 9, 8), strict=True)))
     for r in rows:
         fla = f"{r['fla_us']:8.1f}" if "fla_us" in r else f"{'-':>8}"
-        print(f"{r['batch']:>3} {r['T']:>3} {r['ours_us']:8.1f} {r['floor_us']:8.1f} {r['ours_over_floor']:7.2f} "
-              f"{r['conv_us']:7.1f} {r['snapshot_us']:9.1f} {r['snapshot_over_ours']:9.2f} {fla}")  # fmt: skip
+        print(f"{r['batch']:>3} {r['T']:>3} {r['launch']:>8} {r['ours_us']:8.1f} {r['floor_us']:8.1f} "
+              f"{r['ours_over_floor']:7.2f} {r['conv_us']:7.1f} {r['snapshot_us']:9.1f} "
+              f"{r['snapshot_over_ours']:9.2f} {fla}")  # fmt: skip
 
 
 if __name__ == "__main__":
