@@ -369,7 +369,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("--ts", type=int, nargs="+", default=[1, 8, 16])
     p.add_argument("--rotate-mib", type=int, default=1024, help="distinct memory each timed graph touches")
-    p.add_argument("--configs", nargs="+", default=["128x8", "64x4"], help="BVxWARPS[xMAXREG] tile configs to sweep")
+    configs_help = "BVxWARPS[xMAXREG] tile configs to sweep"
+    p.add_argument("--configs", nargs="+", default=["128x8", "64x4"], help=configs_help)
     p.add_argument("--sweep", type=int, nargs="+", default=[32, 8, 16], help="batch and T of the config sweep")
     ab_help = "only replay_verify: 64x4 (the old launch) vs launch_config's pick and --configs, per row"
     p.add_argument("--launch-ab", action="store_true", help=ab_help)

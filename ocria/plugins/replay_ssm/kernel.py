@@ -20,7 +20,7 @@ state read feeding back.
 The state-independent T x T part (L2-norms, gates, Gram matrices, the inverse, the decayed scores) runs
 first, in ``_chunk_prep_kernel``, once per (value head, batch row): inside the state-tile program it was
 repeated per column tile and held registers through the state's products. The inverse is the series
-(I - A)(I + A^2)(I + A^4)... of fp32 products, not a row-by-row substitution.
+(I - A)(I + A^2)(I + A^4)... of tensor-core products, not a row-by-row substitution.
 
 A chunk of one token needs none of that: at most one pending token (a runtime branch on the slot's
 count) is folded as a plain rank-1 write, a single new token (T = 1, a compile-time branch: plain
@@ -65,12 +65,12 @@ def _softplus(x):
 
 
 @triton.jit
-def _tril_inverse(kk, gc, beta, TP: tl.constexpr):
+def _tril_inverse(kk, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
     """(I + A)^-1 with A_ij = beta_i exp(G_i - G_j) kk_ij (j < i).
 
     A is strictly lower triangular, so A^TP = 0 and the inverse is the finite series sum_k (-A)^k,
-    taken as the product (I - A)(I + A^2)(I + A^4)...: 2 log2(TP) - 2 fp32 [TP, TP] products and no
-    serial loop over rows. It does not depend on the state, so it can run while the state is in flight.
+    taken as the product (I - A)(I + A^2)(I + A^4)...: 2 log2(TP) - 2 [TP, TP] products at the chunk's
+    dot precision (tf32x3 for fp32 inputs) and no serial loop over rows. It does not depend on the state, so it can run while the state is in flight.
     """
     ri = tl.arange(0, TP)
     lower = ri[:, None] > ri[None, :]
@@ -78,8 +78,8 @@ def _tril_inverse(kk, gc, beta, TP: tl.constexpr):
     inv = tl.where(ri[:, None] == ri[None, :], 1.0, 0.0) + B
     for i in tl.static_range(1, TP):
         if (1 << i) < TP:
-            B = tl.dot(B, B, input_precision="ieee")  # (-A)^(2^i)
-            inv += tl.dot(inv, B, input_precision="ieee")
+            B = tl.dot(B, B, input_precision=PREC)  # (-A)^(2^i)
+            inv += tl.dot(inv, B, input_precision=PREC)
     return inv
 
 
@@ -154,7 +154,7 @@ def _chunk_prep_kernel(
     g = tl.where(mt, -tl.exp(tl.load(A_log_ptr + i_h).to(tl.float32)) * _softplus(a + tl.load(dt_bias_ptr + i_h)), 0.0)
     beta = tl.where(mt, tl.sigmoid(b), 0.0)
     gc = tl.cumsum(g, 0)
-    inv = _tril_inverse(tl.dot(Kn, tl.trans(Kn), input_precision=PREC), gc, beta, TP)
+    inv = _tril_inverse(tl.dot(Kn, tl.trans(Kn), input_precision=PREC), gc, beta, TP, PREC)
     causal = rt[:, None] >= rt[None, :]
     qk = tl.dot(Q * rn_q[:, None], tl.trans(Kn), input_precision=PREC)
     P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
