@@ -70,7 +70,7 @@ def _tril_inverse(kk, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
 
     A is strictly lower triangular, so A^TP = 0 and the inverse is the finite series sum_k (-A)^k,
     taken as the product (I - A)(I + A^2)(I + A^4)...: 2 log2(TP) - 2 [TP, TP] products at the chunk's
-    dot precision (tf32x3 for fp32 inputs) and no serial loop over rows. It does not depend on the state, so it can run while the state is in flight.
+    dot precision (tf32x3 for fp32 inputs) and no serial loop over rows.
     """
     ri = tl.arange(0, TP)
     lower = ri[:, None] > ri[None, :]
