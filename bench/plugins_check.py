@@ -75,7 +75,7 @@ def check_replay(dtype: torch.dtype, dev: str) -> dict:
     out = replay_verify(*views, *params, *mine, pending, slots, use_kernel=True)
     want = R.replay_verify_ref(q, k, v, a, b, *params, *ref, pending, slots)
     errs = [rel_err(out, want)] + [rel_err(x, y) for x, y in zip(mine, ref, strict=True)]
-    x, w, buf = r(B, T, C).to(dtype), r(C, KW), r(S, C, KW - 1 + Tmax).to(dtype)
+    x, w, buf = r(B, T, C).to(dtype), r(C, KW), r(S, KW - 1 + Tmax, C).to(dtype)
     (x_view,) = _fused_views(x)
     buf_mine, buf_ref = buf.clone(), buf.clone()
     y = causal_conv_verify(x_view, w, buf_mine, pending, slots, use_kernel=True)

@@ -147,7 +147,7 @@ def make_buffers(n_slots, Hk, Hv, Dk, Dv, Tmax, C, KW, device, gen, pending):
         ring_g=-torch.rand(n_slots, 2, Tmax, Hv, device=device, generator=gen) * 0.3,
         ring_phase=torch.randint(0, 2, (n_slots,), device=device, generator=gen, dtype=torch.int32),
         pending_len=pending.to(device=device, dtype=torch.int32),
-    ), rnd(n_slots, C, KW - 1 + Tmax)
+    ), rnd(n_slots, KW - 1 + Tmax, C)
 
 
 def make_inputs(B, T, Hk, Hv, Dk, Dv, C, dtype, device, gen):

@@ -75,8 +75,8 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=
     ring_g = torch.zeros(S_slots, 2, Tmax, Hv)
     ring_phase = torch.zeros(S_slots, dtype=torch.int32)
     pending_len = torch.zeros(S_slots, dtype=torch.int32)
-    conv_buf = torch.zeros(S_slots, C, KW - 1 + Tmax)
-    conv_buf[slot_of, :, : KW - 1] = init_window.float()
+    conv_buf = torch.zeros(S_slots, KW - 1 + Tmax, C)
+    conv_buf[slot_of, : KW - 1] = init_window.transpose(1, 2).float()
 
     true_state = list(init_state)
     conv_hist = [list(w.T) for w in init_window]  # accepted conv inputs, oldest first
@@ -121,7 +121,7 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=
         for i in range(n_seq):
             yield "committed state", committed[i], true_state[i]
             n = int(pending_len[slot_of[i]])
-            yield "conv window", conv_buf[slot_of[i], :, n : n + KW - 1], torch.stack(conv_hist[i][-(KW - 1) :], 1)
+            yield "conv window", conv_buf[slot_of[i], n : n + KW - 1], torch.stack(conv_hist[i][-(KW - 1) :])
 
 
 @pytest.mark.parametrize("use_kernel", [False, True], ids=["reference", "triton"])
@@ -191,7 +191,7 @@ def _small_case(T=5, Tmax=8, B=2, S=4, Hk=1, Hv=2, D=16, C=12, KW=4):
         torch.tensor([0, 1, 1, 0], dtype=torch.int32),
         torch.tensor([2, Tmax, 0, 3], dtype=torch.int32), slot_ids,
     )  # fmt: skip
-    conv = (r(B, T, C), r(C, KW), r(S, C, KW - 1 + Tmax), verify[12], slot_ids)
+    conv = (r(B, T, C), r(C, KW), r(S, KW - 1 + Tmax, C), verify[12], slot_ids)
     return verify, conv
 
 

@@ -4,7 +4,7 @@ Nothing is allocated per step and rollback is a length / cursor move, so a decod
 shapes (the GPU path captures it in a CUDA graph). Per slot ``s``:
 
 - attention layers: ``k[l][s], v[l][s]`` [Hkv, max_len, D]; ``kv_len[s]`` committed tokens.
-- GDN layers: ``conv_buf[l][s]`` [C, K-1+Tmax] raw conv inputs, ``ssm[l][s]`` [Hv, Dk, Dv] fp32
+- GDN layers: ``conv_buf[l][s]`` [K-1+Tmax, C] raw conv inputs, ``ssm[l][s]`` [Hv, Dk, Dv] fp32
   checkpoint state, and the ReplaySSM ring (``ring_k/u/g``) with the shared ``ring_phase`` and
   ``pending_len`` cursor (see ``ocria.plugins.replay_ssm.reference``).
 - ``rope_delta[s]``: mRoPE offset of text positions after the image (position = index + delta).
@@ -71,7 +71,7 @@ class TargetCache:
         return cls(
             k=[zeros(kv_shape) for _ in range(n_full)],
             v=[zeros(kv_shape) for _ in range(n_full)],
-            conv_buf=[zeros((num_slots, conv_dim, width)) for _ in range(n_lin)],
+            conv_buf=[zeros((num_slots, width, conv_dim)) for _ in range(n_lin)],
             ssm=[zeros((num_slots, hv, dk, dv), **f32) for _ in range(n_lin)],
             ring_k=[zeros((num_slots, 2, max_chunk, hk, dk), **f32) for _ in range(n_lin)],
             ring_u=[zeros((num_slots, 2, max_chunk, hv, dv), **f32) for _ in range(n_lin)],

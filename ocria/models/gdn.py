@@ -85,14 +85,14 @@ class GatedDeltaNet(nn.Module):
         W = self.kernel - 1
         weight = self.conv1d.weight[:, 0, :]
         if cache is None:
-            window = qkv.new_zeros(B, C, W)
+            window = qkv.new_zeros(B, W, C)
         else:
             buf = cache.conv_buf[self.cache_index]
             window = conv_window(buf, cache.pending_len, slots, W).to(qkv.dtype)
-        full = torch.cat([window, qkv.transpose(1, 2)], dim=2)
+        full = torch.cat([window, qkv], dim=1)
         if cache is not None:
-            buf[slots, :, :W] = full[:, :, -W:].to(buf.dtype)
-        y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
+            buf[slots, :W] = full[:, -W:].to(buf.dtype)
+        y = F.conv1d(full.transpose(1, 2).to(weight.dtype), weight[:, None, :], groups=C)
         return F.silu(y).transpose(1, 2).to(qkv.dtype)
 
     def forward(self, projections: tuple[Tensor, ...], mode: str, cache: TargetCache | None = None,

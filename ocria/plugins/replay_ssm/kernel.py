@@ -268,7 +268,7 @@ def _causal_conv_verify_kernel(
     mc = rc < C
     rt = tl.arange(0, TP)
     mt = rt < T
-    buf_row = buf_ptr + (slot * C + rc) * L
+    buf_row = buf_ptr + slot * L * C + rc  # position 0 of the slot's window; positions are C apart
     x_row = x_ptr + (i_b * T).to(tl.int64) * sx + rc
 
     # y_t = sum_j w_j full_{t+j}, full = committed window (W entries) then the T new inputs.
@@ -276,7 +276,7 @@ def _causal_conv_verify_kernel(
     for j in tl.static_range(KW):
         p = rt + j
         in_win = p < W
-        old = tl.load(buf_row[None, :] + start + p[:, None], mask=(in_win & mt)[:, None] & mc[None, :], other=0.0)
+        old = tl.load(buf_row[None, :] + (start + p[:, None]) * C, mask=(in_win & mt)[:, None] & mc[None, :], other=0.0)
         new = tl.load(x_row[None, :] + (p - W)[:, None] * sx, mask=(~in_win & mt)[:, None] & mc[None, :], other=0.0)
         w_j = tl.load(w_ptr + rc * KW + j, mask=mc, other=0.0).to(tl.float32)
         acc += (old.to(tl.float32) + new.to(tl.float32)) * w_j[None, :]
@@ -284,11 +284,11 @@ def _causal_conv_verify_kernel(
     # Roll the window back to the committed position and append the new inputs.
     rw = tl.arange(0, WP)
     mw = (rw < W)[:, None] & mc[None, :]
-    win = tl.load(buf_row[None, :] + start + rw[:, None], mask=mw, other=0.0)
+    win = tl.load(buf_row[None, :] + (start + rw[:, None]) * C, mask=mw, other=0.0)
     xt = tl.load(x_row[None, :] + rt[:, None] * sx, mask=mt[:, None] & mc[None, :], other=0.0)
     tl.debug_barrier()  # every read of this slot's rows is done before they are overwritten
-    tl.store(buf_row[None, :] + rw[:, None], win, mask=mw)
-    tl.store(buf_row[None, :] + W + rt[:, None], xt.to(buf_ptr.dtype.element_ty), mask=mt[:, None] & mc[None, :])
+    tl.store(buf_row[None, :] + rw[:, None] * C, win, mask=mw)
+    tl.store(buf_row[None, :] + (W + rt[:, None]) * C, xt.to(buf_ptr.dtype.element_ty), mask=mt[:, None] & mc[None, :])
 
     y = acc * tl.sigmoid(acc)
     tl.store(y_ptr + (i_b * T + rt[:, None]).to(tl.int64) * C + rc[None, :], y.to(y_ptr.dtype.element_ty),
@@ -416,7 +416,7 @@ def causal_conv_verify_kernel(
     """Triton launch of ``causal_conv_verify_ref`` (same arguments and effects)."""
     B, T, C = x.shape
     KW = weight.shape[-1]
-    L = conv_buf.shape[-1]
+    L = conv_buf.shape[1]
     if T > L - (KW - 1):
         raise OcriaError(f"causal_conv_verify: {T} new inputs exceed the buffer capacity {L - (KW - 1)}")
     (x, sx), weight, slot_ids = token_rows(x), weight.contiguous(), slot_ids.contiguous()

@@ -8,8 +8,9 @@ State layout (one entry per sequence slot ``s``; a batch row ``i`` uses slot ``s
 - ``ring_g``      [S, 2, Tmax, Hv] fp32: log-decay ``g`` of recent tokens.
 - ``ring_phase``  [S] int32: which half holds the tokens accepted at the last step but not yet folded.
 - ``pending_len`` [S] int32: how many of those tokens were accepted (the rollback cursor).
-- ``conv_buf``    [S, C, K-1+Tmax]: raw conv inputs; after a step, ``[:, :, n:n+K-1]`` is the
-  committed window when ``n`` tokens of the step were accepted.
+- ``conv_buf``    [S, K-1+Tmax, C]: raw conv inputs, time-major (a position's channels are contiguous, so
+  a kernel's [T, channels] tiles are coalesced); after a step, ``[:, n:n+K-1]`` is the committed window
+  when ``n`` tokens of the step were accepted.
 
 One verify step for T new tokens: fold the pending tokens into the checkpoint (state written once),
 compute the T outputs from it without storing per-token states, and park the T tokens' ``k, u, g`` in
@@ -135,12 +136,12 @@ def replay_verify_ref(
 
 
 def conv_window(conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, width: int) -> Tensor:
-    """Each slot's committed conv window [B, C, width]: the ``width`` raw inputs ending at its cursor."""
+    """Each slot's committed conv window [B, width, C]: the ``width`` raw inputs ending at its cursor."""
     buf = conv_buf[slot_ids]
-    B, C = buf.shape[:2]
+    B, C = buf.shape[0], buf.shape[2]
     start = pending_len[slot_ids].long()
-    idx = (start[:, None] + torch.arange(width, device=buf.device)[None, :])[:, None, :].expand(B, C, width)
-    return buf.gather(2, idx)
+    idx = (start[:, None] + torch.arange(width, device=buf.device)[None, :])[:, :, None].expand(B, width, C)
+    return buf.gather(1, idx)
 
 
 def causal_conv_verify_ref(
@@ -148,13 +149,12 @@ def causal_conv_verify_ref(
 ) -> Tensor:
     """Depthwise causal conv + SiLU over T new inputs, continuing each slot's committed window.
 
-    x [B, T, C]; weight [C, K]; conv_buf [S, C, K-1+Tmax] (mutated: ``[:, :, :K-1+T]`` becomes the
+    x [B, T, C]; weight [C, K]; conv_buf [S, K-1+Tmax, C] (mutated: ``[:, :K-1+T]`` becomes the
     committed window followed by the T new inputs). Returns y [B, T, C] in x's dtype.
     """
     T, C = x.shape[1:]
     W = weight.shape[-1] - 1
-    window = conv_window(conv_buf, pending_len, slot_ids, W)
-    full = torch.cat([window, x.transpose(1, 2).to(conv_buf.dtype)], dim=2)
-    y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
-    conv_buf[slot_ids, :, : W + T] = full
+    full = torch.cat([conv_window(conv_buf, pending_len, slot_ids, W), x.to(conv_buf.dtype)], dim=1)
+    y = F.conv1d(full.transpose(1, 2).to(weight.dtype), weight[:, None, :], groups=C)
+    conv_buf[slot_ids, : W + T] = full
     return F.silu(y).transpose(1, 2).to(x.dtype)
