@@ -245,9 +245,10 @@ def _replay_verify_kernel(
         inv_beta_t = tl.load(base + mat_t)
         P_t = tl.load(base + TP * TP + mat_t)
         VT = tl.load(v_ptr + row[None, :] * sv + i_h * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
-        X = tl.dot(St, tl.trans(Kn), input_precision=PREC)
+        # One product of the state with [K; Q] (2T columns): the state operand is read once.
+        KQ = tl.reshape(tl.permute(tl.join(Kn, Q), (2, 0, 1)), (2 * TP, BK))
+        X, Y = tl.split(tl.permute(tl.reshape(tl.dot(St, tl.trans(KQ), input_precision=PREC), (BV, 2, TP)), (0, 2, 1)))
         UT = tl.dot(VT.to(tl.float32) - decay[None, :] * X, inv_beta_t, input_precision=PREC)
-        Y = tl.dot(St, tl.trans(Q), input_precision=PREC)
         OT = tl.dot(UT, P_t, decay[None, :] * Y, input_precision=PREC)
         o_ptrs = o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None]
         tl.store(o_ptrs, OT.to(o_ptr.dtype.element_ty), mask=mv[:, None] & mt[None, :])
