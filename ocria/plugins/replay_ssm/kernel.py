@@ -65,6 +65,13 @@ def _softplus(x):
 
 
 @triton.jit
+def _log_decay(a, A_log_ptr, dt_bias_ptr, i_h):
+    """g = -exp(A_log) softplus(a + dt_bias) of value head i_h (a in fp32)."""
+    A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
+    return -tl.exp(A_log) * _softplus(a + tl.load(dt_bias_ptr + i_h).to(tl.float32))
+
+
+@triton.jit
 def _tril_inverse(kk, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
     """(I + A)^-1 with A_ij = beta_i exp(G_i - G_j) kk_ij (j < i).
 
@@ -151,7 +158,7 @@ def _chunk_prep_kernel(
     rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
     a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
-    g = tl.where(mt, -tl.exp(tl.load(A_log_ptr + i_h).to(tl.float32)) * _softplus(a + tl.load(dt_bias_ptr + i_h)), 0.0)
+    g = tl.where(mt, _log_decay(a, A_log_ptr, dt_bias_ptr, i_h), 0.0)
     beta = tl.where(mt, tl.sigmoid(b), 0.0)
     gc = tl.cumsum(g, 0)
     inv = _tril_inverse(tl.dot(Kn, tl.trans(Kn), input_precision=PREC), gc, beta, TP, PREC)
@@ -188,8 +195,6 @@ def _replay_verify_kernel(
     rv = i_v * BV + tl.arange(0, BV)
     mk, mv = rk < DK, rv < DV
     ms = mv[:, None] & mk[None, :]
-    A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
-    dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
     if ONE_TOKEN and PREFETCH:  # the new token's inputs do not depend on the slot: their loads go out first
         k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
                                              rk, rv, mk, mv, DK, DV)  # fmt: skip
@@ -219,7 +224,7 @@ def _replay_verify_kernel(
                                                  rk, rv, mk, mv, DK, DV)  # fmt: skip
         Kn = k1 * tl.rsqrt(tl.sum(k1 * k1, 0) + eps)
         Q = q1 * (tl.rsqrt(tl.sum(q1 * q1, 0) + eps) * scale)
-        g = -tl.exp(A_log) * _softplus(a1 + dt_bias)
+        g = _log_decay(a1, A_log_ptr, dt_bias_ptr, i_h)
         beta = tl.sigmoid(b1)
         decay = tl.exp(g)
         u = beta * (v1 - decay * tl.sum(St * Kn[None, :], 1))
@@ -392,10 +397,12 @@ def replay_verify_kernel(
     BK = max(16, triton.next_power_of_2(Dk))
     TP = max(16, triton.next_power_of_2(Tmax))
     precision = precision or DOT_PRECISION[v.dtype]
-    # Scratch of the T x T prep (T > 1 only): per value head (I + A)^-1 diag(beta) and P, per row q's scale.
-    mats = torch.empty((B, Hv, 2, TP, TP) if T > 1 else (1,), dtype=torch.float32, device=v.device)
-    q_scale = torch.empty((B, T, Hk) if T > 1 else (1,), dtype=torch.float32, device=v.device)
+    # Scratch of the T x T prep (T > 1; T = 1 passes the state, unread): per value head (I + A)^-1 diag(beta)
+    # and P, per row q's scale.
+    mats = q_scale = state
     if T > 1:
+        mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
+        q_scale = torch.empty((B, T, Hk), dtype=torch.float32, device=v.device)
         _chunk_prep_kernel[(Hv, B)](
             q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, q_scale,
             T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,
