@@ -190,8 +190,10 @@ def check_decode_gemm_fp8(dev: str) -> dict:
 
 
 # (M, N, K): one per default tile configuration: 16-row tiles with K split over the warps (a K tail too), 64-row
-# and 128-row wgmma tiles, and M > 16 with 32/64-row M tiles.
-NVFP4_SHAPES = ((16, 2048, 6144), (5, 12288, 2048), (1, 65536, 256), (40, 2048, 1040), (24, 32768, 512))
+# and 128-row wgmma tiles, and M > 16 with 32/64-row M tiles; at M = 1 the GEMV's configurations (K <= 2048 without
+# prefetch, longer K with it, in 2048- and 1024-wide tiles), with K tails.
+NVFP4_SHAPES = ((16, 2048, 6144), (5, 12288, 2048), (1, 65536, 256), (40, 2048, 1040), (24, 32768, 512),
+                (1, 12288, 2048), (1, 2048, 6144), (1, 2048, 4160), (1, 4096, 1040))
 
 
 def check_nvfp4_gemm(dev: str, shapes: tuple = NVFP4_SHAPES) -> list[dict]:

@@ -30,11 +30,14 @@ import sys
 
 import torch
 import torch.nn.functional as F
+import triton
 from timing import copy_bandwidth, rel_err, time_calls
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_gemm import MAX_M, decode_gemm_fp8_triton
+from ocria.plugins.fp4_gemm import kernel as fp4_kernel
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
+from ocria.plugins.fp4_gemm.gemv import default_gemv_config, nvfp4_gemv_launch
 from ocria.plugins.fp4_gemm.kernel import default_config, nvfp4_gemm_triton
 from ocria.quant.linear import QuantLinear
 
@@ -55,6 +58,22 @@ LEVER_CONFIGS = [
     {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "SLICES": 4},
     {"BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "SLICES": 2},
 ]
+
+# The M = 1 CUDA-core GEMV (ocria/plugins/fp4_gemm/gemv.py): rows per program, K tile, warps, prefetch.
+GEMV_CONFIGS = [
+    {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "PREFETCH": pf}
+    for bn, bk, w, pf in [(8, 512, 4, False), (16, 512, 4, False), (32, 512, 8, False), (8, 1024, 4, False),
+                          (4, 512, 2, True), (8, 512, 4, True), (16, 512, 4, True), (4, 1024, 2, True),
+                          (8, 1024, 4, True), (8, 2048, 8, True), (4, 2048, 4, True), (4, 2048, 4, False),
+                          (8, 2048, 8, False), (2, 2048, 2, False)]
+]
+
+
+def gemv(x, wt, gs, cfg):
+    y = torch.empty(1, wt["packed"].shape[0], dtype=torch.bfloat16, device="cuda")
+    nvfp4_gemv_launch(x, wt["packed"], wt["block_scales"], gs.float().reshape(1), y, True, {"PDL": False,
+                      "launch_pdl": False}, cfg)
+    return y
 
 
 def make_weights(k: int, n: int) -> dict:
@@ -86,6 +105,7 @@ def main() -> None:
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
     ap.add_argument("--out", default="bench/results/quant_gemm_h200.json")
+    ap.add_argument("--skip-mma-levers", action="store_true", help="time only the default NVFP4 MMA tiles")
     args = ap.parse_args()
     torch.manual_seed(0)
     bw = copy_bandwidth()
@@ -132,7 +152,7 @@ def main() -> None:
             t["nvfp4"] = time_calls([lambda s=s, x=x, gs=gs: nvfp4_gemm(x, s["packed"], s["block_scales"], gs)
                                      for s in sets["nvfp4"]])
             tried = [{"config": default_config(m, n), "us": t["nvfp4"]}]
-            if m <= 16:  # each config also against the reference: only correct ones can be best
+            if m <= 16 and not args.skip_mma_levers:  # each config against the reference: only correct ones can be best
                 ref = nvfp4_gemm_reference(x, base["packed"], base["block_scales"], gs)
                 for lever in LEVER_CONFIGS:
                     cfg = {**lever, "BLOCK_M": 16}
@@ -140,6 +160,22 @@ def main() -> None:
                     us = time_calls([lambda s=s, x=x, gs=gs, c=cfg: nvfp4_gemm_triton(
                         x, s["packed"], s["block_scales"], gs, c) for s in sets["nvfp4"]])
                     tried.append({"config": cfg, "us": us, "max_rel_err": err})
+            if m == 1:  # the CUDA-core GEMV (default path at M = 1) and, for the A/B, the MMA kernel forced
+                ref = nvfp4_gemm_reference(x, base["packed"], base["block_scales"], gs)
+                mma_cfg = default_config(m, n)
+                t["nvfp4_mma"] = time_calls([lambda s=s, x=x, gs=gs, c=mma_cfg: nvfp4_gemm_triton(
+                    x, s["packed"], s["block_scales"], gs, c) for s in sets["nvfp4"]])
+                spec = fp4_kernel._nvfp4_gemm_kernel  # M = 1 is specialized by Triton: the A/B without that
+                fp4_kernel._nvfp4_gemm_kernel = triton.jit(do_not_specialize=["M"])(spec.fn)
+                try:
+                    t["nvfp4_mma_unspecialized_m"] = time_calls([lambda s=s, x=x, gs=gs, c=mma_cfg: nvfp4_gemm_triton(
+                        x, s["packed"], s["block_scales"], gs, c) for s in sets["nvfp4"]])
+                finally:
+                    fp4_kernel._nvfp4_gemm_kernel = spec
+                for cfg in [default_gemv_config(n, k)] + GEMV_CONFIGS:
+                    err = rel_err(gemv(x, base, gs, cfg), ref)
+                    us = time_calls([lambda s=s, x=x, gs=gs, c=cfg: gemv(x, s, gs, c) for s in sets["nvfp4"]])
+                    tried.append({"config": {"gemv": True, **cfg}, "us": us, "max_rel_err": err})
             best = min((r for r in tried if r.get("max_rel_err", 0.0) < 1e-2), key=lambda r: r["us"])
             floors = {f: nbytes[f] / bw * 1e6 for f in nbytes}
             row = {"shape": name, "K": k, "N": n, "M": m, "bf16_weight_MB": nbytes["bf16"] / 1e6, **{

@@ -11,7 +11,8 @@ import torch
 from ocria.errors import CheckpointError, OcriaError
 from ocria.plugins import numerics as nx
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
-from ocria.plugins.fp4_gemm.kernel import nvfp4_gemm_triton
+from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
+from ocria.plugins.fp4_gemm.kernel import default_config, nvfp4_gemm_triton
 from ocria.plugins.silu_quant import silu_mul
 from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
 
@@ -61,6 +62,50 @@ def test_nvfp4_gemm_k_slices_reduce_in_the_launch(slices):
     assert not _SCRATCH[x.device][1].any()
     assert torch.equal(nvfp4_gemm_triton(x[3:4], packed, scales, gs, cfg)[0], got[3])
     assert torch.equal(nvfp4_gemm_triton(x, packed, scales, gs, cfg), got)
+
+
+@pytest.mark.parametrize("n,k,cfg", [
+    (40, 1040, None),  # the short-K default (8 rows, 1024-wide tiles, no prefetch) with a K tail
+    (24, 4160, None),  # the long-K default: prefetch, 1024-wide tiles, a K tail
+    (24, 4096, None),  # prefetch with 2048-wide tiles and no tail (the last tile's prefetch rereads it)
+    (20, 384, {"BLOCK_N": 4, "BLOCK_K": 128, "num_warps": 1, "PREFETCH": True}),
+])
+def test_nvfp4_gemv_for_one_row_matches_the_reference(n, k, cfg):
+    """M = 1 runs the CUDA-core GEMV: the dequantized fp32 matmul within one bf16 rounding, with a zero, subnormal,
+    negative and NaN block scale in the weight (NaN in exactly that output)."""
+    packed, scales, gs = _nvfp4_weight(n, k, seed=5)
+    bits = scales.view(torch.uint8)
+    bits[1, 0], bits[2, 1], bits[3, 2], bits[n - 1, -1] = 0x01, 0x00, 0xB8, 0x7F
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    ref = nvfp4_gemm_reference(x, packed, scales, gs).float()
+    if cfg is None:
+        got = nvfp4_gemm_triton(x, packed, scales, gs).float()
+    else:
+        y = torch.empty(1, n, dtype=torch.bfloat16)
+        nvfp4_gemv_launch(x, packed, scales, gs.reshape(1), y, False, {"PDL": False}, cfg)
+        got = y.float()
+    assert torch.equal(got.isnan(), ref.isnan()) and ref[0, n - 1].isnan()
+    ok = ~ref.isnan()
+    torch.testing.assert_close(got[ok], ref[ok], rtol=8e-3, atol=1e-3 * ref[ok].abs().max().item())
+
+
+def test_nvfp4_gemv_runs_for_one_row_unless_set_aside(monkeypatch):
+    """M = 1 launches the GEMV; more rows, an explicit tile config or OCRIA_DISABLE_KERNELS=nvfp4_gemv launch the
+    tensor-core kernel."""
+    from ocria.plugins.fp4_gemm import kernel
+
+    launches = []
+    monkeypatch.setattr(kernel, "nvfp4_gemv_launch", lambda *a, **kw: launches.append(nvfp4_gemv_launch(*a, **kw)))
+    packed, scales, gs = _nvfp4_weight(48, 1024, seed=7)
+    x = torch.randn(2, 1024, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    one = nvfp4_gemm_triton(x[:1], packed, scales, gs)
+    assert len(launches) == 1
+    two = nvfp4_gemm_triton(x, packed, scales, gs)
+    mma = nvfp4_gemm_triton(x[:1], packed, scales, gs, default_config(1, 48))
+    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "nvfp4_gemv")
+    assert torch.equal(nvfp4_gemm_triton(x[:1], packed, scales, gs), mma)
+    assert len(launches) == 1
+    torch.testing.assert_close(one.float(), two[:1].float(), rtol=8e-3, atol=1e-3 * two.float().abs().max().item())
 
 
 def test_nvfp4_gemm_rejects_mismatched_weight():

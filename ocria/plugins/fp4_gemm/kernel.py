@@ -1,4 +1,6 @@
 """Triton NVFP4 weight-only GEMM for decode-sized M: bf16 activations x packed E2M1 weights.
+One-row calls (M = 1, no explicit config) run ``gemv`` on the CUDA cores instead, unless ``nvfp4_gemv`` is
+set aside in ``OCRIA_DISABLE_KERNELS``, or x is not 8-byte aligned (the GEMV reads it as int64 words).
 
 Exactness: an E2M1 value has at most 2 significant bits and an E4M3 block scale at most 4, so
 ``e2m1 * block_scale * 2^-26`` is exact in bf16 (normal range: 2^-36 .. 2^12). Each K tile is
@@ -9,7 +11,7 @@ as ``e2m1 * 2^-126`` (the zero-exponent codes 0 and 0.5 land on subnormals with 
 times ``block_scale * 2^100`` (a normal number, exact in fp32 and bf16; the NaN codes 0x7F/0xFF give
 NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that is the value above.
 
-- ``PTX_DEQUANT`` (CUDA, sm_89+): ``_DEQUANT_ASM`` builds the bf16 bit patterns of two codes per 32-bit
+- ``PTX_DEQUANT`` (CUDA, sm_89+): ``dequant.DEQUANT_ASM`` builds the bf16 bit patterns of two codes per 32-bit
   register and applies the scale with one ``fma.rn.bf16x2`` (``v * s + -0``: the product, rounded once, so
   exact; bf16 arithmetic keeps subnormal inputs) per two weights. The scale is Triton's E4M3 -> fp32
   conversion (the hardware's, exact) times 2^100, rounded to bf16 (exact). On by default since the H200 run
@@ -34,44 +36,12 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
+from ocria.plugins.fp4_gemm.dequant import DEQUANT_ASM
+from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
 from ocria.plugins.rounding import bf16_bits, widen_e4m3
 from ocria.plugins.splitk import scratch, sum_splits
 from ocria.plugins.switch import disabled_kernels
-
-# $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
-# each with the sign in bit 3; $5 the bf16 scale of each word. Output $j is the bf16x2 pair
-# (c_j, c_j+4) times the scales: the three magnitude bits of a code go to bf16 bits 8..6 (exponent
-# bits 1..0 and the top mantissa bit: e2m1 * 2^-126), its sign to bit 15. Per output one lop3
-# (LUT 0xE4: mask ? a : b) takes the sign bits from a shifted copy of the masked signs and the
-# magnitude bits from a shifted copy of the masked magnitudes; each mask selects a only where b can
-# be nonzero outside its target bits and a cannot. 14 integer ops and 4 multiplies (ptxas: HMUL2)
-# per 8 weights. Pairing c_j with c_j+4 keeps both codes at the same place in their half; the
-# kernel orders K to match (see _nvfp4_gemm_kernel).
-_DEQUANT_ASM: tl.constexpr = tl.constexpr("""
-{
-.reg .b32 sg, ma, mb, a, b, v, z;
-mov.b32 z, 0x80008000;
-and.b32 sg, $4, 0x88888888;
-and.b32 ma, $4, 0x07070707;
-and.b32 mb, $4, 0x70707070;
-shl.b32 a, sg, 12;
-shl.b32 b, ma, 6;
-lop3.b32 v, a, b, 0xC001C000, 0xE4;
-fma.rn.bf16x2 $0, v, $5, z;
-shl.b32 a, sg, 8;
-shl.b32 b, mb, 2;
-lop3.b32 v, a, b, 0xC001C000, 0xE4;
-fma.rn.bf16x2 $1, v, $5, z;
-shl.b32 a, sg, 4;
-shr.b32 b, ma, 2;
-lop3.b32 v, a, b, 0x8001C001, 0xE4;
-fma.rn.bf16x2 $2, v, $5, z;
-shr.b32 b, mb, 6;
-lop3.b32 v, sg, b, 0x8001C001, 0xE4;
-fma.rn.bf16x2 $3, v, $5, z;
-}
-""")
 
 
 @triton.jit
@@ -155,7 +125,7 @@ def _nvfp4_gemm_kernel(
                 sb = tl.load(ss + k0 // 16, mask=(k0 // 16 + rks < K // 16)[None, :], other=0.0)
             sc = (sb.to(tl.float32) * 1.2676506002282294e30).to(tl.bfloat16)  # block scale * 2^100
             sc4 = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_K // 16, 4]), [BLOCK_N, BLOCK_K // 4])
-            c0, c1, c2, c3 = tl.inline_asm_elementwise(_DEQUANT_ASM, "=r,=r,=r,=r,r,r", [wh, sc4],
+            c0, c1, c2, c3 = tl.inline_asm_elementwise(DEQUANT_ASM, "=r,=r,=r,=r,r,r", [wh, sc4],
                                                        dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
             # K order within each 8-weight word g: position 8g + 2j + h holds code 4h + j (c_j of half h), so a
             # thread's bf16x2 registers are the asm's outputs as they are; x is permuted the same way.
@@ -224,23 +194,26 @@ def nvfp4_gemm_triton(
         x2 = x2.contiguous()
     M = x2.shape[0]
     y = torch.empty(M, N, dtype=torch.bfloat16, device=x.device)
-    if M > 0:
-        cfg = {"SPLIT_K": 1, "SLICES": 1, **(config or default_config(M, N))}
-        if cfg["SLICES"] < 1:
-            raise ValueError(f"nvfp4_gemm config SLICES={cfg['SLICES']}: K is cut over 1 or more programs")
-        grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]), cfg["SLICES"])
-        k_slice = triton.cdiv(triton.cdiv(K, cfg["SLICES"]), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
-        g = weight_scale_2.to(device=x.device, dtype=torch.float32).reshape(1)
-        tiles = grid[0] * grid[1]
-        ws, count = scratch(x.device, tiles * cfg["SLICES"] * cfg["BLOCK_N"] * cfg["BLOCK_M"], tiles) \
-            if cfg["SLICES"] > 1 else (g, g)
-        _nvfp4_gemm_kernel[grid](
-            x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16), ws, count,
-            M, N, K, k_slice, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
-            EVEN_K=K % cfg["BLOCK_K"] == 0,
-            # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack with integers
-            PTX_DEQUANT=(x.device.type == "cuda" and capability(x.device.index) >= (8, 9)
-                         and "nvfp4_ptx" not in disabled_kernels()),
-            DOT_F32=x.device.type != "cuda", **cfg, **pdl_args(x.device),
-        )
+    if M == 0:
+        return y.reshape(*x.shape[:-1], N)
+    g = weight_scale_2.to(device=x.device, dtype=torch.float32).reshape(1)
+    # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack with integers
+    ptx = x.device.type == "cuda" and capability(x.device.index) >= (8, 9) and "nvfp4_ptx" not in disabled_kernels()
+    if M == 1 and config is None and "nvfp4_gemv" not in disabled_kernels() and x2.data_ptr() % 8 == 0:
+        nvfp4_gemv_launch(x2, weight, weight_scale, g, y, ptx, pdl_args(x.device))  # x read as int64 words
+        return y.reshape(*x.shape[:-1], N)
+    cfg = {"SPLIT_K": 1, "SLICES": 1, **(config or default_config(M, N))}
+    if cfg["SLICES"] < 1:
+        raise ValueError(f"nvfp4_gemm config SLICES={cfg['SLICES']}: K is cut over 1 or more programs")
+    grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]), cfg["SLICES"])
+    k_slice = triton.cdiv(triton.cdiv(K, cfg["SLICES"]), cfg["BLOCK_K"]) * cfg["BLOCK_K"]
+    tiles = grid[0] * grid[1]
+    ws, count = scratch(x.device, tiles * cfg["SLICES"] * cfg["BLOCK_N"] * cfg["BLOCK_M"], tiles) \
+        if cfg["SLICES"] > 1 else (g, g)
+    _nvfp4_gemm_kernel[grid](
+        x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16), ws, count,
+        M, N, K, k_slice, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
+        EVEN_K=K % cfg["BLOCK_K"] == 0, PTX_DEQUANT=ptx, DOT_F32=x.device.type != "cuda", **cfg,
+        **pdl_args(x.device),
+    )
     return y.reshape(*x.shape[:-1], N)

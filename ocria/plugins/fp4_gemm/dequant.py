@@ -1,0 +1,37 @@
+"""The PTX that dequantizes packed NVFP4 weights to bf16, shared by the tensor-core GEMM and the CUDA-core GEMV."""
+
+import triton.language as tl
+
+# $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
+# each with the sign in bit 3; $5 the bf16 scale of each word. Output $j is the bf16x2 pair
+# (c_j, c_j+4) times the scales: the three magnitude bits of a code go to bf16 bits 8..6 (exponent
+# bits 1..0 and the top mantissa bit: e2m1 * 2^-126), its sign to bit 15. Per output one lop3
+# (LUT 0xE4: mask ? a : b) takes the sign bits from a shifted copy of the masked signs and the
+# magnitude bits from a shifted copy of the masked magnitudes; each mask selects a only where b can
+# be nonzero outside its target bits and a cannot. 14 integer ops and 4 multiplies (ptxas: HMUL2)
+# per 8 weights. Pairing c_j with c_j+4 keeps both codes at the same place in their half; the
+# tensor-core kernel orders K to match (see _nvfp4_gemm_kernel); the GEMV meets code j of word i with x[4i + j].
+DEQUANT_ASM: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 sg, ma, mb, a, b, v, z;
+mov.b32 z, 0x80008000;
+and.b32 sg, $4, 0x88888888;
+and.b32 ma, $4, 0x07070707;
+and.b32 mb, $4, 0x70707070;
+shl.b32 a, sg, 12;
+shl.b32 b, ma, 6;
+lop3.b32 v, a, b, 0xC001C000, 0xE4;
+fma.rn.bf16x2 $0, v, $5, z;
+shl.b32 a, sg, 8;
+shl.b32 b, mb, 2;
+lop3.b32 v, a, b, 0xC001C000, 0xE4;
+fma.rn.bf16x2 $1, v, $5, z;
+shl.b32 a, sg, 4;
+shr.b32 b, ma, 2;
+lop3.b32 v, a, b, 0x8001C001, 0xE4;
+fma.rn.bf16x2 $2, v, $5, z;
+shr.b32 b, mb, 6;
+lop3.b32 v, sg, b, 0x8001C001, 0xE4;
+fma.rn.bf16x2 $3, v, $5, z;
+}
+""")
