@@ -11,8 +11,7 @@ import triton.language as tl
 # be nonzero outside its target bits and a cannot. 14 integer ops and 4 multiplies (ptxas: HMUL2)
 # per 8 weights. Pairing c_j with c_j+4 keeps both codes at the same place in their half; the
 # tensor-core kernel orders K to match (see _nvfp4_gemm_kernel); the GEMV meets code j of word i with x[4i + j].
-DEQUANT_ASM: tl.constexpr = tl.constexpr("""
-{
+_BODY = """\
 .reg .b32 sg, ma, mb, a, b, v, z;
 mov.b32 z, 0x80008000;
 and.b32 sg, $4, 0x88888888;
@@ -21,17 +20,24 @@ and.b32 mb, $4, 0x70707070;
 shl.b32 a, sg, 12;
 shl.b32 b, ma, 6;
 lop3.b32 v, a, b, 0xC001C000, 0xE4;
-fma.rn.bf16x2 $0, v, $5, z;
+fma.rn.bf16x2 {0}, v, $5, z;
 shl.b32 a, sg, 8;
 shl.b32 b, mb, 2;
 lop3.b32 v, a, b, 0xC001C000, 0xE4;
-fma.rn.bf16x2 $1, v, $5, z;
+fma.rn.bf16x2 {1}, v, $5, z;
 shl.b32 a, sg, 4;
 shr.b32 b, ma, 2;
 lop3.b32 v, a, b, 0x8001C001, 0xE4;
-fma.rn.bf16x2 $2, v, $5, z;
+fma.rn.bf16x2 {2}, v, $5, z;
 shr.b32 b, mb, 6;
 lop3.b32 v, sg, b, 0x8001C001, 0xE4;
-fma.rn.bf16x2 $3, v, $5, z;
-}
-""")
+fma.rn.bf16x2 {3}, v, $5, z;
+"""
+DEQUANT_ASM: tl.constexpr = tl.constexpr("{\n" + _BODY.format(*(f"${j}" for j in range(4))) + "}")
+
+# The same with fp32 outputs (the GEMV's FMA operands): output j element h is code j of word h (operand $2j+h), the
+# bf16 product widened in the register (low half: shift; high half: mask), 2 integer ops per 2 weights where a
+# bf16 -> fp32 convert of each half costs 3.
+DEQUANT_F32_ASM: tl.constexpr = tl.constexpr(
+    "{\n.reg .b32 p0, p1, p2, p3;\n" + _BODY.replace("$4", "$8").replace("$5", "$9").format("p0", "p1", "p2", "p3")
+    + "".join(f"shl.b32 ${2 * j}, p{j}, 16;\nand.b32 ${2 * j + 1}, p{j}, 0xFFFF0000;\n" for j in range(4)) + "}")

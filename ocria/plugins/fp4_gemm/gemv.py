@@ -3,9 +3,9 @@
 Why not the tensor-core kernel: at M = 1 its 16-row MMA tile is 1/16 used and the dequantized weights must be
 laid out (and on wgmma staged in shared memory) for the MMA, which left it at 4.8x its bytes' floor on the H200,
 no faster than the bf16 GEMM it replaces (bench/results/quant_gemm_slices_h200.json). Here each thread keeps its
-weights where they were loaded: per 8 weights the PTX dequantization of ``dequant.DEQUANT_ASM`` (exact products
-``e2m1 * block_scale * 2^-26`` in bf16), 8 exact bf16 -> fp32 widenings and 8 fp32 FMAs against x, summed across
-K once after the loop, times ``weight_scale_2 * 2^26`` and rounded once to bf16.
+weights where they were loaded: per 8 weights the PTX dequantization of ``dequant.DEQUANT_F32_ASM`` (exact
+products ``e2m1 * block_scale * 2^-26`` in bf16, widened to fp32 in the register) and 8 fp32 FMAs against x, summed
+across K once after the loop, times ``weight_scale_2 * 2^26`` and rounded once to bf16.
 
 Numerics: the same products as the tensor-core kernel and the reference (each exact in fp32), accumulated in fp32
 in another order, so a row's output can differ from the M = 16 kernel's by the fp32 sum's rounding (the decode
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ocria.plugins.fp4_gemm.dequant import DEQUANT_ASM
+from ocria.plugins.fp4_gemm.dequant import DEQUANT_F32_ASM
 from ocria.plugins.launch import pdl_enter
 from ocria.plugins.rounding import bf16_bits, widen_e4m3
 
@@ -54,9 +54,8 @@ def _accumulate(acc, wh, sb, xw, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, P
     if PTX_DEQUANT:
         sc = (sb.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.2676506002282294e30).to(tl.bfloat16)
         sc4 = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_K // 16, 4]), [BLOCK_N, BLOCK_K // 4])
-        c0, c1, c2, c3 = tl.inline_asm_elementwise(DEQUANT_ASM, "=r,=r,=r,=r,r,r", [wh, sc4],
-                                                   dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
-        c0, c1, c2, c3 = c0.to(tl.float32), c1.to(tl.float32), c2.to(tl.float32), c3.to(tl.float32)
+        c0, c1, c2, c3 = tl.inline_asm_elementwise(DEQUANT_F32_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [wh, sc4],
+                                                   dtype=(tl.float32,) * 4, is_pure=True, pack=2)
     else:
         s = widen_e4m3(sb) * 1.2676506002282294e30  # E4M3 block scale * 2^100 (exact)
         s4 = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 4]), [BLOCK_N, BLOCK_K // 4])
