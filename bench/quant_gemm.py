@@ -10,8 +10,11 @@ Rows per shape and M:
   fp8_gemm    torch._scaled_mm, FP8 activations (already quantized) x FP8 weights, per-tensor scales
   fp8_layer   QuantLinear.forward: activation quantization (Triton) + _scaled_mm
   fp8_decode  ocria::decode_gemm_fp8 on the same quantized activations (M <= 16; what the models run for FP8 layers)
-  nvfp4       ocria::nvfp4_gemm with its default tiles; for M <= 16 also a few other tile/stage
-              configs (the tuning lever), best one reported as nvfp4_best
+  nvfp4       ocria::nvfp4_gemm with its default tiles (at M = 1 the CUDA-core GEMV); for M <= 16 also a few
+              other tile/stage configs (the tuning lever, unless --skip-mma-levers), at M = 1 the GEMV's
+              configurations (``"gemv": true`` in nvfp4_tried), best one reported as nvfp4_best
+  nvfp4_mma   M = 1 only: the tensor-core kernel with its default tiles, and (nvfp4_mma_unspecialized_m) the same
+              compiled without Triton's specialization of M = 1
   floor       weight bytes of each format (NVFP4: packed weights + block scales) at the device copy
               bandwidth measured in the same run; ``latency_us`` is a trivial kernel in a graph
 Correctness first: the NVFP4 kernel against dequantize + fp32 matmul, and the FP8 layer against
@@ -70,6 +73,7 @@ GEMV_CONFIGS = [
 
 
 def gemv(x, wt, gs, cfg):
+    """The NVFP4 GEMV (PTX dequantization) with tile configuration ``cfg`` on one row x."""
     y = torch.empty(1, wt["packed"].shape[0], dtype=torch.bfloat16, device="cuda")
     nvfp4_gemv_launch(x, wt["packed"], wt["block_scales"], gs.float().reshape(1), y, True, {"PDL": False,
                       "launch_pdl": False}, cfg)

@@ -100,12 +100,12 @@ def _nvfp4_gemv_kernel(
 
 
 def default_gemv_config(N: int, K: int) -> dict:
-    """Rows per program, K tile, warps and prefetch for a weight [N, K]: per class, the fastest (or within 2% of
-    it) of bench/quant_gemm.py's sweep on the H200 (bench/results/quant_gemm_gemv_h200.json). Rows of up to 2048
-    with 8192 outputs or more (gate_up, the GDN in-projection, the LM head): 16 rows in 512-wide tiles, no
-    prefetch (gate_up 9.3 us; 10.1 with prefetch). Fewer outputs (attention in- and out-projections): 8 rows in
-    1024-wide tiles, more programs for the SMs. Longer rows (down_proj's 6144): 8 rows in 2048-wide tiles with
-    prefetch (6.2 us; 10.8 without)."""
+    """Rows per program, K tile, warps and prefetch for a weight [N, K]: per class, the fastest (or within 3% of
+    it) of bench/quant_gemm.py's sweep on the H200 (bench/results/quant_gemm_gemv_f32_h200.json). Rows of up to
+    2048 with 8192 outputs or more (gate_up, the GDN in-projection, the LM head): 16 rows in 512-wide tiles, no
+    prefetch (gate_up 8.6 us; 10.0 with prefetch). Fewer outputs (attention in- and out-projections): 8 rows in
+    1024-wide tiles, more programs for the SMs (attn_qkv 5.1 us; 6.2 in the 16-row tiles). Longer rows
+    (down_proj's 6144): 8 rows in 2048-wide tiles with prefetch (6.1 us; 6.4 without, 10.4 in 512-wide tiles)."""
     if K > 2048:
         return {"BLOCK_N": 8, "BLOCK_K": 2048 if K % 2048 == 0 else 1024, "num_warps": 8 if K % 2048 == 0 else 4,
                 "PREFETCH": True}
