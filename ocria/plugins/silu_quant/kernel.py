@@ -242,10 +242,19 @@ def default_config(mode: str, M: int, N: int) -> dict:
     4096 x 12288 in bench/results/silu_quant_h200_run7.json, with libdevice ``fast_expf``, which gave PyTorch's bytes
     for every bf16 gate value. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h once); wider
     rows walk their chunks twice, amax then bytes (at 12288 columns faster than one whole-row tile at any warp
-    count), in chunks that divide the row (4096 or 2048 columns), since masked columns cost compute as well."""
+    count): 4096-column chunks with 8 warps where they divide the row; otherwise, from 1024 rows (a program per row
+    fills the GPU) 1024-column chunks with 4 warps (the per-width sweep at 4096 rows in
+    bench/results/silu_quant_h200_run10.json: faster than 2048-column chunks at 6144 and 18944 columns, and than a
+    whole-row tile), below that 2048-column chunks with 8 warps (fewer steps per program: 1.5x faster at 1 to 128
+    rows, silu_quant_h200_run10.json against run9.json, which ran 1024-column chunks at every row count)."""
     if mode == "fp8_dynamic":
-        block_n = 0 if N <= 4096 else 4096 if N % 4096 == 0 else 2048
-        return {"block_m": 1, "block_n": block_n, "num_warps": 8, "fast_exp": True}
+        if N <= 4096:
+            return {"block_m": 1, "block_n": 0, "num_warps": 8, "fast_exp": True}
+        if N % 4096 == 0:
+            return {"block_m": 1, "block_n": 4096, "num_warps": 8, "fast_exp": True}
+        if M >= 1024:
+            return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_exp": True}
+        return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_exp": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
     return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True}
