@@ -1,6 +1,39 @@
-"""The PTX that dequantizes packed NVFP4 weights to bf16, shared by the tensor-core GEMM and the CUDA-core GEMV."""
+"""NVFP4 dequantization shared by the tensor-core GEMM and the CUDA-core GEMV: the PTX that turns packed codes into
+bf16 products, and the integer-unpacking pieces of the path without it (CPU interpreter, GPUs before sm_89)."""
 
+import triton
 import triton.language as tl
+
+from ocria.plugins.rounding import widen_e4m3
+
+# 2^100: times an E4M3 block scale a normal number, exact in fp32 and bf16, whatever the scale (subnormal ones too)
+SCALE_BIAS: tl.constexpr = tl.constexpr(1.2676506002282294e30)
+
+
+@triton.jit
+def e2m1_f32(codes):
+    """4-bit E2M1 codes (int32, sign in bit 3) -> ``e2m1 * 2^-126`` in fp32: the magnitude bits at the bottom of the
+    exponent field (codes 0 and 0.5 land on subnormals with the right value), the sign at bit 31."""
+    return (((codes & 7) << 22) | ((codes & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def block_scale_f32(scale_bytes):
+    """E4M3 block-scale bytes (any integer type) -> ``scale * 2^100`` in fp32, by bits (integer-unpacking path)."""
+    return widen_e4m3(scale_bytes) * SCALE_BIAS
+
+
+@triton.jit
+def block_scale_bf16(scale):
+    """float8 E4M3 block scales -> ``scale * 2^100`` in bf16 (exact), the PTX path's ``$5`` operand."""
+    return (scale.to(tl.float32) * SCALE_BIAS).to(tl.bfloat16)
+
+
+@triton.jit
+def repeat_cols(x, R: tl.constexpr):
+    """[rows, cols] -> [rows, cols * R], each column repeated R times (a block scale per word or per weight)."""
+    return tl.reshape(tl.broadcast_to(x[:, :, None], [x.shape[0], x.shape[1], R]), [x.shape[0], x.shape[1] * R])
+
 
 # $4 holds two int16 words of packed weights, codes c0..c3 (low half) and c4..c7 (high half), 4 bits
 # each with the sign in bit 3; $5 the bf16 scale of each word. Output $j is the bf16x2 pair

@@ -19,16 +19,15 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ocria.plugins.fp4_gemm.dequant import DEQUANT_F32_ASM
+from ocria.plugins.fp4_gemm.dequant import DEQUANT_F32_ASM, block_scale_bf16, block_scale_f32, e2m1_f32, repeat_cols
 from ocria.plugins.launch import pdl_enter
-from ocria.plugins.rounding import bf16_bits, widen_e4m3
+from ocria.plugins.rounding import bf16_bits
 
 
 @triton.jit
 def _codes_f32(wh, j: tl.constexpr, s4):
     """Code j of each int16 word (4 codes, low nibble first) as fp32 ``e2m1 * s4`` (integer unpacking)."""
-    c = (wh.to(tl.int32) >> (4 * j)) & 0xF
-    return (((c & 7) << 22) | ((c & 8) << 28)).to(tl.float32, bitcast=True) * s4  # e2m1 * 2^-126 * scale * 2^100
+    return e2m1_f32((wh.to(tl.int32) >> (4 * j)) & 0xF) * s4  # e2m1 * 2^-126 * scale * 2^100
 
 
 @triton.jit
@@ -52,13 +51,11 @@ def _accumulate(acc, wh, sb, xw, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, P
     x2 = ((xw >> 16) & 0xFFFF0000).to(tl.int32).to(tl.float32, bitcast=True)
     x3 = ((xw >> 32) & 0xFFFF0000).to(tl.int32).to(tl.float32, bitcast=True)
     if PTX_DEQUANT:
-        sc = (sb.to(tl.float8e4nv, bitcast=True).to(tl.float32) * 1.2676506002282294e30).to(tl.bfloat16)
-        sc4 = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_K // 16, 4]), [BLOCK_N, BLOCK_K // 4])
+        sc4 = repeat_cols(block_scale_bf16(sb.to(tl.float8e4nv, bitcast=True)), 4)
         c0, c1, c2, c3 = tl.inline_asm_elementwise(DEQUANT_F32_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [wh, sc4],
                                                    dtype=(tl.float32,) * 4, is_pure=True, pack=2)
     else:
-        s = widen_e4m3(sb) * 1.2676506002282294e30  # E4M3 block scale * 2^100 (exact)
-        s4 = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 4]), [BLOCK_N, BLOCK_K // 4])
+        s4 = repeat_cols(block_scale_f32(sb), 4)
         c0, c1, c2, c3 = _codes_f32(wh, 0, s4), _codes_f32(wh, 1, s4), _codes_f32(wh, 2, s4), _codes_f32(wh, 3, s4)
     acc = tl.fma(c0, x0[None, :], acc)
     acc = tl.fma(c1, x1[None, :], acc)

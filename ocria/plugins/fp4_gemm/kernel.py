@@ -36,10 +36,10 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.fp4_gemm.dequant import DEQUANT_ASM
+from ocria.plugins.fp4_gemm.dequant import DEQUANT_ASM, block_scale_bf16, block_scale_f32, e2m1_f32, repeat_cols
 from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
-from ocria.plugins.rounding import bf16_bits, widen_e4m3
+from ocria.plugins.rounding import bf16_bits
 from ocria.plugins.splitk import scratch, sum_splits
 from ocria.plugins.switch import disabled_kernels
 
@@ -90,12 +90,11 @@ def _nvfp4_gemm_kernel(
             wp = tl.load(w_ptr + rn64[:, None] * stride_wn + rk2[None, :],
                          mask=nmask[:, None] & (rk2 < K // 2)[None, :], other=0).to(tl.int32)
             codes = tl.reshape(tl.join(wp & 0xF, wp >> 4), [BLOCK_N, BLOCK_K])
-            v = (((codes & 7) << 22) | ((codes & 8) << 28)).to(tl.float32, bitcast=True)  # e2m1 * 2^-126
+            v = e2m1_f32(codes)
             rks = k0 // 16 + tl.arange(0, BLOCK_K // 16)
             sb = tl.load(s_ptr + rn64[:, None] * stride_sn + rks[None, :],
                          mask=nmask[:, None] & (rks < K // 16)[None, :], other=0).to(tl.int32)
-            s = widen_e4m3(sb) * 1.2676506002282294e30  # E4M3 block scale * 2^100 (exact)
-            s = tl.reshape(tl.broadcast_to(s[:, :, None], [BLOCK_N, BLOCK_K // 16, 16]), [BLOCK_N, BLOCK_K])
+            s = repeat_cols(block_scale_f32(sb), 16)
             if DOT_F32:
                 x = (xb.to(tl.int32) << 16).to(tl.float32, bitcast=True)
                 acc = tl.dot(v * s, tl.trans(x), acc, input_precision="ieee")
@@ -123,8 +122,7 @@ def _nvfp4_gemm_kernel(
                 xb = tl.load(xs + k0, mask=(k0 + rk < K)[None, :], other=0.0)
                 wh = tl.load(ws + k0 // 4, mask=(k0 // 4 + rk4 < K // 4)[None, :], other=0)
                 sb = tl.load(ss + k0 // 16, mask=(k0 // 16 + rks < K // 16)[None, :], other=0.0)
-            sc = (sb.to(tl.float32) * 1.2676506002282294e30).to(tl.bfloat16)  # block scale * 2^100
-            sc4 = tl.reshape(tl.broadcast_to(sc[:, :, None], [BLOCK_N, BLOCK_K // 16, 4]), [BLOCK_N, BLOCK_K // 4])
+            sc4 = repeat_cols(block_scale_bf16(sb), 4)
             c0, c1, c2, c3 = tl.inline_asm_elementwise(DEQUANT_ASM, "=r,=r,=r,=r,r,r", [wh, sc4],
                                                        dtype=(tl.bfloat16,) * 4, is_pure=True, pack=2)
             # K order within each 8-weight word g: position 8g + 2j + h holds code 4h + j (c_j of half h), so a
