@@ -35,8 +35,11 @@ ROTATE_BYTES = 256 << 20
 MODES = ("bf16", "fp8_static", "fp8_dynamic", "nvfp4")
 SWEEP = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 512, 4),
          (4, 2048, 8)]  # (rows, columns, warps) per program
-SWEEP_DYNAMIC = [(1, 1024, 4), (1, 1024, 8), (1, 2048, 8), (1, 4096, 8), (1, 0, 8), (1, 0, 16),
-                 (1, 0, 32)]  # block_n 0: the whole row
+SWEEP_DYNAMIC = [{"block_m": 1, "block_n": bn, "num_warps": w}  # block_n 0: the whole row as one tile
+                 for bn, w in ((1024, 4), (1024, 8), (2048, 8), (4096, 8), (0, 16))]
+SWEEP_DYNAMIC += [{"row_tiles": True, "num_warps": w} for w in (4, 8, 16)]  # one pass, the row in registers
+ONE_AND_TWO_PASS = {"row_tiles": {"row_tiles": True, "num_warps": 8, "fast_exp": False},
+                    "two_pass": {"block_m": 1, "block_n": 16, "num_warps": 4, "fast_exp": False}}
 DYNAMIC_WIDTHS = (6144, 18944)  # per-token FP8 chunks its rows by width: swept at these too
 
 
@@ -98,6 +101,10 @@ def correctness(scales: dict, dev: str) -> list[dict]:
             got = silu_mul_quant(x, mode, s, use_kernel=True)
             ref = silu_mul_quant_reference(x, mode, s)
             rows.append({"input": name, "mode": mode, "elements": x.numel() // 2, "mismatches": _mismatches(got, ref)})
+            if mode == "fp8_dynamic":  # both per-token designs, whichever the default is
+                for label, cfg in ONE_AND_TWO_PASS.items():
+                    rows.append({"input": f"{name}_{label}", "mode": mode, "elements": x.numel() // 2,
+                                 "mismatches": _mismatches(silu_mul_quant_triton(x, mode, None, cfg), ref)})
             if name == "every_bf16_gate" and dev == "cuda":
                 try:
                     cfg = {**default_config(mode, x.shape[0], 512), "fast_exp": True}
@@ -132,18 +139,20 @@ def correctness(scales: dict, dev: str) -> list[dict]:
     return rows
 
 
-def sweep(scales: dict, fast: bool) -> dict:
+def sweep(scales: dict, fast: bool, modes: list[str]) -> dict:
     """Best (rows, columns, warps) per mode at 4096 tokens x 12288, and for per-token FP8 also at the widths of
     DYNAMIC_WIDTHS (keys ``fp8_dynamic@N``), timed like the table; a config whose bytes differ from the default's
     is recorded and never best."""
     best, log = {}, []
     for width in (12288, *DYNAMIC_WIDTHS):
         xs = [(torch.randn(4096, 2 * width, device="cuda") * 3).to(torch.bfloat16)]
-        for mode in MODES if width == 12288 else ("fp8_dynamic",):
+        for mode in [m for m in modes if width == 12288 or m == "fp8_dynamic"]:
             key = mode if width == 12288 else f"{mode}@{width}"
             want = silu_mul_quant_triton(xs[0], mode, scales[mode])
-            for bm, bn, warps in (SWEEP_DYNAMIC if mode == "fp8_dynamic" else SWEEP):
-                cfg = {"block_m": bm, "block_n": bn, "num_warps": warps, "fast_exp": fast}
+            configs = SWEEP_DYNAMIC if mode == "fp8_dynamic" else [
+                {"block_m": bm, "block_n": bn, "num_warps": warps} for bm, bn, warps in SWEEP]
+            for cfg in configs:
+                cfg = {**cfg, "fast_exp": fast}
                 same = _mismatches(silu_mul_quant_triton(xs[0], mode, scales[mode], cfg), want) == 0
                 us = time_calls([lambda x=x, md=mode, c=cfg: silu_mul_quant_triton(x, md, scales[md], c) for x in xs],
                                 5)
@@ -159,6 +168,7 @@ def main() -> None:
     ap.add_argument("--widths", type=int, nargs="+", default=[6144, 12288, 18944])
     ap.add_argument("--out", default="bench/results/silu_quant_h200.json")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to sweep and time")
     args = ap.parse_args()
     torch.manual_seed(0)
     dev = args.device
@@ -177,7 +187,7 @@ def main() -> None:
     fast = all(c["mismatches"] == 0 for c in checks if c["input"].endswith("_fast_expf"))
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s; fast expf exact for every bf16 gate: {fast}")
-    tuning = sweep(scales, fast)
+    tuning = sweep(scales, fast, args.modes)
     for mode, b in tuning["best"].items():
         print(f"best config {mode:18s} {b['config']} {b['us']:.1f} µs at 4096 tokens")
 
@@ -195,7 +205,7 @@ def main() -> None:
             in_bytes = m * 2 * n * 2
             copies = max(1, min(64, -(-ROTATE_BYTES // in_bytes)))
             xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
-            for mode in MODES:
+            for mode in args.modes:
                 s = scales[mode]
                 calls = 20 if in_bytes < (64 << 20) else 5
                 cfg = default_config(mode, m, n)

@@ -16,7 +16,7 @@ from ocria.plugins.silu_quant import (
     silu_mul_quant,
     silu_mul_quant_reference,
 )
-from ocria.plugins.silu_quant.kernel import quantize_act_triton, silu_mul_quant_triton
+from ocria.plugins.silu_quant.kernel import quantize_act_triton, row_tiles, silu_mul_quant_triton
 
 SCALES = {"bf16": None, "fp8_static": torch.tensor([0.02]), "fp8_dynamic": None,
           "nvfp4": nx.nvfp4_global_scale(torch.tensor(12.0))}
@@ -114,6 +114,37 @@ def test_fp8_dynamic_one_pass_and_chunked_rows_agree_with_reference(block_n):
     for gate_up in (_tie_inputs(), torch.cat([_all_bf16_gates(256), up], dim=-1)):
         _assert_same(silu_mul_quant_triton(gate_up, "fp8_dynamic", None, cfg),
                      silu_mul_quant_reference(gate_up, "fp8_dynamic", None))
+
+
+@pytest.mark.parametrize("n, tiles", [(6144, (4096, 2048, 0, 0)), (18944, (16384, 2048, 512, 0)),
+                                      (7680, (4096, 2048, 1024, 512)), (7936, (4096, 2048, 1024, 1024)),
+                                      (5000, (4096, 512, 256, 256)), (100, (128, 0, 0, 0))])
+def test_row_tiles_cover_the_row_with_one_masked_tile_at_most(n, tiles):
+    assert row_tiles(n) == tiles
+    present = [t for t in tiles if t]
+    assert sum(present[:-1]) < n <= sum(present)
+
+
+@pytest.mark.parametrize("n", [1536, 1000, 2320])
+def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n):
+    """The row held as power-of-two tiles (1536 = 1024 + 512; 1000 and 2320 end in a masked tile): gated bf16 with
+    a NaN row, a zero row and an inf, and plain fp32."""
+    cfg = {"row_tiles": True, "num_warps": 4, "fast_exp": False}
+    torch.manual_seed(n)
+    gate_up = (torch.randn(5, 2 * n) * 3).to(torch.bfloat16)
+    gate_up[1, 7] = float("nan")
+    gate_up[2] = 0.0
+    gate_up[3, n + 5] = float("inf")
+    _assert_same(silu_mul_quant_triton(gate_up, "fp8_dynamic", None, cfg),
+                 silu_mul_quant_reference(gate_up, "fp8_dynamic", None))
+    x = gate_up[:, :n].float() * 1e-3
+    _assert_same(quantize_act_triton(x, "fp8_dynamic", None, cfg), quantize_act_reference(x, "fp8_dynamic", None))
+
+
+def test_row_tiles_config_only_for_per_token_fp8():
+    with pytest.raises(ValueError, match="row_tiles"):
+        silu_mul_quant_triton(torch.zeros(2, 64, dtype=torch.bfloat16), "fp8_static", torch.tensor([0.1]),
+                              {"row_tiles": True, "num_warps": 4, "fast_exp": False})
 
 
 def test_fp8_dynamic_scales_per_token_and_zero_row():

@@ -24,6 +24,9 @@ float -> bf16 convert. So the silu's two bf16 roundings convert two values per `
 with 2^23 (E2M1: 2^22, 2^23 or 2^24 by binade) instead of converting floats to ints. That took FP8 static at
 8192 x 6144 from 98.2 us (1.64x the floor, run5) to 79.1 us (1.32x) and NVFP4 from 116.5 us to 102.3 us, all
 bytes still PyTorch's (bench/results/silu_quant_h200_run7.json).
+
+Per-token FP8 needs a row's amax before its first byte. Rows up to 12288 wide are held in registers by
+``_token_fp8_row_kernel`` (one pass: h computed once); wider ones walk the row twice in ``_silu_mul_quant_kernel``.
 """
 
 import torch
@@ -229,29 +232,104 @@ def _silu_mul_quant_kernel(
             tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
 
 
-def _kernel_for(device: torch.device):
+@triton.jit
+def _row_tile(x_ptr, row_off, START: tl.constexpr, W: tl.constexpr, N, GATED: tl.constexpr, IS_BF16: tl.constexpr,
+              ON_GPU: tl.constexpr, FAST_EXP: tl.constexpr, DT: tl.constexpr):
+    """h of columns [START, START + W) of one row, as a [1, W] tile (masked lanes load 0, so their h is 0)."""
+    cols = START + tl.arange(0, W)
+    return _activation(x_ptr, row_off + cols[None, :], (cols < N)[None, :], N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
+
+
+@triton.jit
+def _row_stats(h, amax, nan_rows):
+    return (tl.maximum(amax, tl.max(tl.abs(h), axis=1)),
+            tl.maximum(nan_rows, tl.max((h != h).to(tl.int32), axis=1)))
+
+
+@triton.jit
+def _store_row_tile(out_ptr, out_off, h, row_scale, START: tl.constexpr, W: tl.constexpr, N, ON_GPU: tl.constexpr):
+    cols = START + tl.arange(0, W)
+    tl.store(out_ptr + out_off + cols[None, :], _e4m3_bytes(h, row_scale, ON_GPU), mask=(cols < N)[None, :])
+
+
+@triton.jit
+def _token_fp8_row_kernel(
+    x_ptr, out_ptr, out_scale_ptr, N, stride_xm, stride_om, stride_sm,
+    GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, FAST_EXP: tl.constexpr,
+    W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, PDL: tl.constexpr,
+):
+    # Per-token FP8 in one pass, one program per row: the row's h is held in registers as up to four
+    # power-of-two tiles W0, W1, ... (0 = absent; only the last one reaches past N), so the row is read and its
+    # silu computed once; its amax gives the scale and the same registers give the bytes.
+    pdl_enter(PDL)
+    DT: tl.constexpr = tl.bfloat16 if IS_BF16 else x_ptr.dtype.element_ty
+    O1: tl.constexpr = W0
+    O2: tl.constexpr = W0 + W1
+    O3: tl.constexpr = W0 + W1 + W2
+    row = tl.program_id(0).to(tl.int64)
+    x_off = row * stride_xm
+    amax = tl.zeros([1], dtype=tl.float32)
+    nan_rows = tl.zeros([1], dtype=tl.int32)
+    h0 = _row_tile(x_ptr, x_off, 0, W0, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
+    amax, nan_rows = _row_stats(h0, amax, nan_rows)
+    if W1 > 0:
+        h1 = _row_tile(x_ptr, x_off, O1, W1, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
+        amax, nan_rows = _row_stats(h1, amax, nan_rows)
+    if W2 > 0:
+        h2 = _row_tile(x_ptr, x_off, O2, W2, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
+        amax, nan_rows = _row_stats(h2, amax, nan_rows)
+    if W3 > 0:
+        h3 = _row_tile(x_ptr, x_off, O3, W3, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
+        amax, nan_rows = _row_stats(h3, amax, nan_rows)
+    row_scale = _scale_of(amax, nan_rows)
+    tl.store(out_scale_ptr + row * stride_sm + tl.arange(0, 1), row_scale)
+    out_off = row * stride_om
+    _store_row_tile(out_ptr, out_off, h0, row_scale, 0, W0, N, ON_GPU)
+    if W1 > 0:
+        _store_row_tile(out_ptr, out_off, h1, row_scale, O1, W1, N, ON_GPU)
+    if W2 > 0:
+        _store_row_tile(out_ptr, out_off, h2, row_scale, O2, W2, N, ON_GPU)
+    if W3 > 0:
+        _store_row_tile(out_ptr, out_off, h3, row_scale, O3, W3, N, ON_GPU)
+
+
+def row_tiles(N: int, min_tile: int = 256, max_tiles: int = 4) -> tuple[int, int, int, int]:
+    """Power-of-two tile widths (zero-padded to four) that cover a row of N: the binary digits of N from the
+    top, down to ``min_tile``; what is left (or what a fourth digit would not cover) is one last, masked tile."""
+    tiles, rest = [], N
+    while rest >= min_tile and len(tiles) < max_tiles - 1:
+        tiles.append(1 << (rest.bit_length() - 1))
+        rest -= tiles[-1]
+    if rest:
+        tiles.append(max(16, triton.next_power_of_2(rest)))
+    return tuple(tiles + [0] * (max_tiles - len(tiles)))
+
+
+def _compiled(kernel, device: torch.device):
     """The compiled kernel on CUDA; on CPU the interpreter, which Triton only builds when
     ``TRITON_INTERPRET=1`` was set before ``triton`` itself was imported."""
-    if device.type != "cuda" and not isinstance(_silu_mul_quant_kernel, InterpretedFunction):
-        raise OcriaError("silu_mul_quant kernel on CPU needs TRITON_INTERPRET=1 set before triton is imported")
-    return _silu_mul_quant_kernel
+    if device.type != "cuda" and not isinstance(kernel, InterpretedFunction):
+        raise OcriaError("silu_mul_quant kernels on CPU need TRITON_INTERPRET=1 set before triton is imported")
+    return kernel
 
 
 def default_config(mode: str, M: int, N: int) -> dict:
     """Rows x columns per program and warps: the fastest per mode (or within 0.5% of it) of the sweep at
     4096 x 12288 in bench/results/silu_quant_h200_run7.json, with libdevice ``fast_expf``, which gave PyTorch's bytes
-    for every bf16 gate value. ``block_n`` 0 is the whole row in one tile (per-token FP8 then computes h once); wider
-    rows walk their chunks twice, amax then bytes (at 12288 columns faster than one whole-row tile at any warp
-    count): 4096-column chunks with 8 warps where they divide the row; otherwise, from 1024 rows (a program per row
-    fills the GPU) 1024-column chunks with 4 warps (the per-width sweep at 4096 rows in
-    bench/results/silu_quant_h200_run10.json: faster than 2048-column chunks at 6144 and 18944 columns, and than a
-    whole-row tile), below that 2048-column chunks with 8 warps (fewer steps per program: 1.5x faster at 1 to 128
-    rows, silu_quant_h200_run10.json against run9.json, which ran 1024-column chunks at every row count)."""
+    for every bf16 gate value.
+
+    Per-token FP8 (sweeps at 4096 rows of 6144, 12288 and 18944 columns, bench/results/silu_quant_h200_run12.json):
+    rows up to 12288 wide are held in registers by ``_token_fp8_row_kernel``, about 48 values per thread (4 warps
+    up to 6144 columns, 8 above), so h is computed once: 6144 columns 59.8 us, 12288 columns 123.8 us, against
+    78.8 and 160.3 for the best two-pass tiles. Wider rows would hold more there, and walk their chunks twice
+    instead, amax then bytes (18944: 261 us, against 292 for the best ``row_tiles`` launch): from 1024 rows (a
+    program per row fills the GPU) 1024-column chunks with 4 warps (bench/results/silu_quant_h200_run10.json),
+    below that 2048-column chunks with 8 warps (fewer steps per program: 1.5x faster at 1 to 128 rows, run10
+    against run9). Programs striding over rows and prefetching the next one into L2 were no faster (run11), nor was
+    holding h as bf16 bits, half the registers (within 2% at 8 warps and 6144 or 12288 columns, run13)."""
     if mode == "fp8_dynamic":
-        if N <= 4096:
-            return {"block_m": 1, "block_n": 0, "num_warps": 8, "fast_exp": True}
-        if N % 4096 == 0:
-            return {"block_m": 1, "block_n": 4096, "num_warps": 8, "fast_exp": True}
+        if N <= 12288:
+            return {"row_tiles": True, "num_warps": 4 if N <= 6144 else 8, "fast_exp": True}
         if M >= 1024:
             return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_exp": True}
         return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_exp": True}
@@ -266,6 +344,17 @@ def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
     block_n = config["block_n"] or max(16, triton.next_power_of_2(N))
     chunks = triton.cdiv(N, block_n) if mode == "fp8_dynamic" else 1
     return block_n, chunks, 2 if chunks > 1 else 1
+
+
+def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int, gated: bool, as_bits: bool,
+                      cfg: dict) -> None:
+    w0, w1, w2, w3 = row_tiles(N)
+    dev = x.device
+    _compiled(_token_fp8_row_kernel, dev)[(M,)](
+        x, out, out_scale, N, x.stride(0), out.stride(0), out_scale.stride(0),
+        GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
+        W0=w0, W1=w1, W2=w2, W3=w3, num_warps=cfg["num_warps"], **pdl_args(dev),
+    )
 
 
 def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
@@ -298,14 +387,18 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
         out = torch.empty(M, N // 2, dtype=torch.uint8, device=dev)
         out_scale = torch.empty(M, N // NVFP4_BLOCK, dtype=torch.uint8, device=dev)
     cfg = config or default_config(mode, M, N)
-    block_m = cfg["block_m"]
-    block_n, chunks, passes = tiling(mode, N, cfg)
-    grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * chunks))
-    if M > 0:
-        as_bits = x.dtype == torch.bfloat16
-        x_arg = x2.view(torch.int16) if as_bits else x2
+    as_bits = x.dtype == torch.bfloat16
+    x_arg = x2.view(torch.int16) if as_bits else x2
+    if M > 0 and cfg.get("row_tiles"):
+        if mode != "fp8_dynamic":
+            raise ValueError(f"row_tiles configs are for mode 'fp8_dynamic', not {mode!r}")
+        _launch_row_tiles(x_arg, out, out_scale, M, N, gated, as_bits, cfg)
+    elif M > 0:
+        block_m = cfg["block_m"]
+        block_n, chunks, passes = tiling(mode, N, cfg)
+        grid = (triton.cdiv(M, block_m), triton.cdiv(N, block_n * chunks))
         out_arg = out.view(torch.int16) if as_bits and mode == "bf16" else out
-        _kernel_for(dev)[grid](
+        _compiled(_silu_mul_quant_kernel, dev)[grid](
             x_arg, out_arg, scale if scale is not None else out, out_scale if out_scale is not None else out,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
             MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
