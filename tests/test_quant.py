@@ -472,3 +472,38 @@ def test_calibration_free_quantization_follows_the_recipe():
     assert not torch.equal(out, ref)
     # 7 of 8 random layers with NVFP4 MLPs: ~0.4 relative logit error; a wrong layout is uncorrelated (~0)
     assert F.cosine_similarity(out.flatten(), ref.flatten(), dim=0) > 0.8
+
+
+def test_projections_sharing_an_input_run_as_one_gemm_per_format(engines):
+    """A quantized mixer's projections (one input) run as one GEMM per run of neighbours with one format and
+    activation scale: GDN ``in_proj_qkv + in_proj_z`` (FP8) and ``in_proj_b + in_proj_a`` (bf16), attention
+    ``q + k + v`` (FP8); with the same outputs as the layers one by one, which stay reachable as views."""
+    from ocria.models.attention import PROJECTIONS as ATTENTION
+    from ocria.models.gdn import PROJECTIONS as GDN
+    from ocria.models.layers import project
+    from ocria.quant.linear import QuantLinear
+
+    engine = load_engine(engines["mixed"], use_plugins=False)
+    layers = engine.target.text.layers
+    runs_of_layer_1 = layers[1].linear_attn.__dict__["_runs"][GDN][0][0]
+    torch.manual_seed(0)
+    seen = set()
+    for layer in list(layers)[1:]:  # layer 0 stays bf16 in "mixed": one stacked GEMM, as before
+        mixer, names = (layer.linear_attn, GDN) if hasattr(layer, "linear_attn") else (layer.self_attn, ATTENTION)
+        runs = mixer.__dict__["_runs"][names]
+        shapes = [(type(ex).__name__, getattr(ex, "fmt", "bf16"), len(sizes)) for ex, sizes in runs]
+        assert shapes in ([("QuantLinear", "fp8", 2), ("Tensor", "bf16", 2)], [("QuantLinear", "fp8", 3)]), shapes
+        seen.add(len(runs))
+        x = torch.randn(2, 3, runs[0][0].in_features)
+        fused_out = project(mixer, x, names)
+        one_by_one = [getattr(mixer, n)(x) if isinstance(getattr(mixer, n), QuantLinear)
+                      else F.linear(x, getattr(mixer, n).weight) for n in names]
+        for got, want in zip(fused_out, one_by_one, strict=True):
+            assert torch.equal(got, want)
+        fused = runs[0][0]
+        assert fused.use_kernel is False  # the plugin switch reaches the fused executors
+        views = [getattr(mixer, n) for n in names[: len(runs[0][1])]]
+        assert all(v.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr() for v in views)
+    assert seen == {1, 2}
+    engine.target.text.fuse_projections()  # a second call keeps the runs it made
+    assert layers[1].linear_attn.__dict__["_runs"][GDN][0][0] is runs_of_layer_1

@@ -75,6 +75,10 @@ def set_plugins(model: nn.Module, use_kernel: bool | None) -> None:
     for module in model.modules():
         if hasattr(module, "use_kernel"):
             module.use_kernel = use_kernel
+        for runs in module.__dict__.get("_runs", {}).values():  # fused executors are not submodules
+            for executor, _ in runs:
+                if hasattr(executor, "use_kernel"):
+                    executor.use_kernel = use_kernel
 
 
 class GatedRMSNorm(nn.Module):
@@ -100,18 +104,64 @@ def fuse_linears(module: nn.Module, names: tuple[str, ...]) -> None:
     The weights are concatenated once and the original parameters become views into the fused
     tensor, so memory is not duplicated and checkpoints keep their HF names. Every trailing run of the
     names (``k_proj, v_proj`` of ``q_proj, k_proj, v_proj``) is a fused group too, a view of the tail.
-    Linears replaced by quantized executors are left alone (one launch fewer is not worth a format mix-up).
+    When quantized executors are among them, each run of neighbours that can share one GEMM (equal
+    ``fusion_key``: bf16 linears, or quantized ones of one format and activation scale) becomes one
+    (``_fuse_runs``).
     """
+    if names in module.__dict__.get("_fused", {}) or names in module.__dict__.get("_runs", {}):
+        return  # fused already
     linears = [getattr(module, n) for n in names]
     if not all(type(lin) is nn.Linear and lin.bias is None for lin in linears):
+        _fuse_runs(module, names, linears)
         return
-    fused = torch.cat([lin.weight.detach() for lin in linears])
+    fused = _stack(linears)
     offset, groups = 0, module.__dict__.setdefault("_fused", {})
     sizes = [lin.out_features for lin in linears]
     for i, lin in enumerate(linears):
-        lin.weight = nn.Parameter(fused[offset:offset + lin.out_features], requires_grad=False)
         groups[names[i:]] = (fused[offset:], sizes[i:])
         offset += lin.out_features
+
+
+def _stack(linears: list[nn.Linear]) -> Tensor:
+    """The linears' weights concatenated along the output dim; each linear's weight becomes a view into it."""
+    fused, offset = torch.cat([lin.weight.detach() for lin in linears]), 0
+    for lin in linears:
+        lin.weight = nn.Parameter(fused[offset:offset + lin.out_features], requires_grad=False)
+        offset += lin.out_features
+    return fused
+
+
+def _fusion_key(linear: nn.Module) -> tuple | None:
+    if type(linear) is nn.Linear:
+        return ("bf16",) if linear.bias is None else None
+    return getattr(linear, "fusion_key", None)
+
+
+def _fuse_runs(module: nn.Module, names: tuple[str, ...], linears: list[nn.Module]) -> None:
+    """Group consecutive linears with one ``fusion_key`` into one executor each: a stacked bf16 weight, or the
+    quantized class's ``fuse`` (the originals become row views of it). ``project`` then runs one GEMM per run."""
+    runs, start = [], 0
+    keys = [_fusion_key(lin) for lin in linears]
+    for i in range(1, len(names) + 1):
+        if i == len(names) or keys[i] is None or keys[i] != keys[start]:
+            runs.append(range(start, i))
+            start = i
+    if all(len(run) == 1 for run in runs):
+        return
+    groups = []
+    for run in runs:
+        members = [linears[i] for i in run]
+        sizes = [lin.out_features for lin in members]
+        if len(run) == 1:
+            groups.append((members[0], sizes))
+        elif keys[run.start] == ("bf16",):
+            groups.append((_stack(members), sizes))
+        else:
+            fused, views = type(members[0]).fuse(members, name="+".join(names[i] for i in run))
+            for i, view in zip(run, views, strict=True):
+                setattr(module, names[i], view)
+            groups.append((fused, sizes))
+    module.__dict__.setdefault("_runs", {})[names] = groups
 
 
 def fused_group(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, list[int]] | None:
@@ -122,6 +172,11 @@ def fused_group(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, list
 def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tensor, ...]:
     """Apply the named linears of ``module`` to x (one GEMM when ``fuse_linears`` prepared them)."""
     fused, use_kernel = fused_group(module, names), getattr(module, "use_kernel", None)
+    runs = module.__dict__.get("_runs", {}).get(names)
+    if runs is not None:
+        return tuple(y for executor, sizes in runs for y in (
+            decode_gemm(x, executor, use_kernel=use_kernel) if isinstance(executor, Tensor)
+            else dense(executor, x, use_kernel)).split(sizes, dim=-1))
     if fused is None:
         return tuple(dense(getattr(module, n), x, use_kernel) for n in names)
     weight, sizes = fused

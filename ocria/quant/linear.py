@@ -129,6 +129,33 @@ class QuantLinear(nn.Module):
         input_scale = None if any(s is None for s in in_scales) else torch.stack(in_scales).max()
         return cls(fmt, weight, bias, ws, ws2, input_scale, name=name)
 
+    @classmethod
+    def fuse(cls, layers: list["QuantLinear"], name: str = "fused") -> tuple["QuantLinear", list["QuantLinear"]]:
+        """``concat(layers)`` and each layer again as a view of its rows of the fused weight (and NVFP4 block
+        scales), so the originals stay reachable under their names without a second copy of the weights; all
+        keep the first layer's plugin switch."""
+        fused, views, start = cls.concat(layers, name=name), [], 0
+        for lay in layers:
+            stop = start + lay.out_features
+            ws = fused.weight_scale[start:stop] if lay.fmt == "nvfp4" else lay.weight_scale
+            views.append(cls(lay.fmt, fused.weight[start:stop], lay.bias, ws, lay.weight_scale_2, lay.input_scale,
+                             name=lay.name))
+            start = stop
+        for layer in (fused, *views):
+            layer.use_kernel = layers[0].use_kernel
+        return fused, views
+
+    @property
+    def fusion_key(self) -> tuple | None:
+        """Layers with equal keys that share an input can run as one ``concat`` GEMM with the same numerics:
+        the same format, no bias, and the same activation quantization (FP8: one static input scale, or
+        per-token scales, which depend on the input alone; NVFP4: one global weight scale). None: not fusable."""
+        if self.bias is not None or self.fmt == "bf16":
+            return None
+        if self.fmt == "fp8":
+            return ("fp8", None if self.input_scale is None else self.input_scale.item())
+        return ("nvfp4", self.weight_scale_2.item())
+
     @property
     def act_mode(self) -> str:
         """How the input is quantized: ``bf16`` (none), ``fp8_static`` or ``fp8_dynamic``."""

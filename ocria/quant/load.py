@@ -38,22 +38,13 @@ class PreScaledLinear(nn.Module):
         return self.linear(x * self.pre_quant_scale.to(x.dtype))
 
 
-def _rows(fused: QuantLinear, source: QuantLinear, start: int) -> QuantLinear:
-    """``source`` again, its weight (and NVFP4 block scales) as views into ``fused``: no second copy."""
-    stop = start + source.out_features
-    ws = fused.weight_scale[start:stop] if source.fmt == "nvfp4" else source.weight_scale
-    return QuantLinear(source.fmt, fused.weight[start:stop], source.bias, ws, source.weight_scale_2,
-                       source.input_scale, name=source.name)
-
-
 class QuantSwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up stacked into one quantized GEMM; ``gate_proj``
     and ``up_proj`` stay reachable under their HF names as views of it."""
 
     def __init__(self, gate: QuantLinear, up: QuantLinear, down: QuantLinear, name: str):
         super().__init__()
-        self.gate_up = QuantLinear.concat([gate, up], name=f"{name}.gate_up")
-        self.gate_proj, self.up_proj = _rows(self.gate_up, gate, 0), _rows(self.gate_up, up, gate.out_features)
+        self.gate_up, (self.gate_proj, self.up_proj) = QuantLinear.fuse([gate, up], name=f"{name}.gate_up")
         self.down_proj = down
         self.use_kernel: bool | None = None  # plugins switch (the target's ``set_plugins``) for the fused SiLU kernel
 
