@@ -10,8 +10,9 @@ Rows per shape and M:
   fp8_gemm    torch._scaled_mm, FP8 activations (already quantized) x FP8 weights, per-tensor scales
   fp8_layer   QuantLinear.forward: activation quantization (Triton) + _scaled_mm
   fp8_decode  ocria::decode_gemm_fp8 on the same quantized activations (M <= 16; what the models run for FP8 layers)
-  nvfp4       ocria::nvfp4_gemm with its default tiles (at M = 1 the CUDA-core GEMV); for M <= 16 also a few
-              other tile/stage configs (the tuning lever, unless --skip-mma-levers), at M = 1 the GEMV's
+  nvfp4       ocria::nvfp4_gemm with its default tiles (at M = 1 the CUDA-core GEMV); also a few other
+              tile/stage configs (the tuning lever, unless --skip-mma-levers; LEVER_CONFIGS for M <= 16,
+              LARGE_M_CONFIGS above), at M = 1 the GEMV's
               configurations (``"gemv": true`` in nvfp4_tried), best one reported as nvfp4_best
   nvfp4_mma   M = 1 only: the tensor-core kernel with its default tiles, and (nvfp4_mma_unspecialized_m) the same
               compiled without Triton's specialization of M = 1
@@ -60,6 +61,22 @@ LEVER_CONFIGS = [
     {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "SLICES": 2},
     {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4, "SLICES": 4},
     {"BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4, "SLICES": 2},
+]
+
+# M > 16 (verify blocks, batches beyond 16): BLOCK_M is the default's (32 up to M = 32, else 64) unless given.
+LARGE_M_CONFIGS = [
+    {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 8, "num_stages": 3},
+    {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3, "SLICES": 2},
+    {"BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3, "SLICES": 2},
+    {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3},
 ]
 
 # The M = 1 CUDA-core GEMV (ocria/plugins/fp4_gemm/gemv.py): rows per program, K tile, warps, prefetch.
@@ -156,10 +173,11 @@ def main() -> None:
             t["nvfp4"] = time_calls([lambda s=s, x=x, gs=gs: nvfp4_gemm(x, s["packed"], s["block_scales"], gs)
                                      for s in sets["nvfp4"]])
             tried = [{"config": default_config(m, n), "us": t["nvfp4"]}]
-            if m <= 16 and not args.skip_mma_levers:  # each config against the reference: only correct ones can be best
+            if not args.skip_mma_levers:  # each config against the reference: only correct ones can be best
                 ref = nvfp4_gemm_reference(x, base["packed"], base["block_scales"], gs)
-                for lever in LEVER_CONFIGS:
-                    cfg = {**lever, "BLOCK_M": 16}
+                levers = LEVER_CONFIGS if m <= 16 else LARGE_M_CONFIGS
+                for lever in levers:
+                    cfg = {"BLOCK_M": 16 if m <= 16 else default_config(m, n)["BLOCK_M"], **lever}
                     err = rel_err(nvfp4_gemm_triton(x, base["packed"], base["block_scales"], gs, cfg), ref)
                     us = time_calls([lambda s=s, x=x, gs=gs, c=cfg: nvfp4_gemm_triton(
                         x, s["packed"], s["block_scales"], gs, c) for s in sets["nvfp4"]])

@@ -26,8 +26,10 @@ def _nvfp4_weight(n: int, k: int, seed: int = 0):
     return packed, scales, gs
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 32, 64), (5, 48, 512), (17, 40, 80), (40, 130, 272)])
+@pytest.mark.parametrize("m,n,k", [(1, 32, 64), (5, 48, 512), (17, 40, 80), (40, 130, 272), (20, 4112, 48),
+                                   (40, 4112, 48), (80, 64, 48)])
 def test_nvfp4_gemm_kernel_matches_dequantized_fp32_matmul(m, n, k):
+    """Each default tile class: M <= 16, 17..64 rows with narrow and wide outputs, more rows."""
     packed, scales, gs = _nvfp4_weight(n, k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
     got = nvfp4_gemm_triton(x, packed, scales, gs)

@@ -154,9 +154,16 @@ def default_config(M: int, N: int, num_sms: int = 132) -> dict:
     32-row tiles with a 6-deep pipeline (fastest of 12 configurations at M = 1 and 16 for gate_up and GDN
     in_proj on the H200, ahead of 64-row tiles and of K slices: bench/results/quant_gemm_slices_h200.json);
     narrower outputs in 16-row tiles whose 4 warps each take a quarter of the 512-wide K tile (SPLIT_K,
-    mma.sync), so that N / 16 programs still give an SM 4 warps. Larger M: one M tile of 32/64 rows and N tiles
-    for ~2 programs per SM, in 3 stages (wgmma tiles also stage the dequantized weights and the reordered x in
-    shared memory); tiles under 64 rows split K over the warps likewise."""
+    mma.sync), so that N / 16 programs still give an SM 4 warps.
+    17..64 rows below 64k outputs, from the sweep of 12 configurations at M = 32 and 64
+    (bench/results/quant_gemm_large_m_h200.json): outputs up to 4096 wide (down_proj, out projections) keep the
+    16-row tiles over 512-wide K tiles, 4 deep (mlp_down at M = 64: 26.3 -> 18.3 us); wider ones take 32-row
+    tiles split over the warps at M <= 32 and 64-row wgmma tiles at M <= 64 (gate_up at M = 64: 30.7 -> 25.0
+    us). Each is the sweep's fastest or within 1.5% of it for the five projection shapes, but for gate_up at
+    M = 64, 5% behind the same tile with K over two programs (``SLICES`` 2), which lost on the other shapes.
+    Larger M or outputs: one M tile of 32/64 rows and N tiles for ~2 programs per SM, in 3 stages (wgmma tiles
+    also stage the dequantized weights and the reordered x in shared memory); tiles under 64 rows split K over
+    the warps likewise."""
     if M <= 16:
         if N >= 65536:
             return {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
@@ -164,6 +171,12 @@ def default_config(M: int, N: int, num_sms: int = 132) -> dict:
             return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 6}
         return {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4}
     block_m = 32 if M <= 32 else 64
+    if M <= 64 and N < 65536:
+        if N <= 4096:
+            return {"BLOCK_M": block_m, "BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4}
+        if M <= 32:
+            return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 3}
+        return {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4}
     block_n = 128
     while block_n > 16 and triton.cdiv(N, block_n) * triton.cdiv(M, block_m) < 2 * num_sms:
         block_n //= 2
