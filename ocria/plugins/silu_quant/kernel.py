@@ -37,53 +37,12 @@ from triton.language.extra import libdevice
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
+from ocria.plugins.fp8_codes import e4m3_bytes, e4m3_code, quotient, scale_of, token_scale
 from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.numerics import NVFP4_BLOCK
 from ocria.plugins.rounding import round_bf16_pairs, round_to_dtype, widen
 
 MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
-
-
-@triton.jit
-def _quotient(a, s, r, lim, ON_GPU: tl.constexpr):
-    """RN(min(a, lim) / s) for a >= 0. The interpreter divides (IEEE); the GPU multiplies by
-    r = RN(1/s) and corrects once with an FMA, which is correctly rounded by Markstein's theorem
-    (lim keeps the quotient <= 512, far from overflow; underflowing quotients round to 0 anyway)."""
-    a = tl.minimum(a, lim)
-    if ON_GPU:
-        s = tl.zeros_like(a) + s
-        r = tl.zeros_like(a) + r
-        t = a * r
-        return tl.fma(tl.fma(-t, s, a), r, t)
-    else:
-        return tl.math.div_rn(a, tl.zeros_like(a) + s)
-
-
-@triton.jit
-def _e4m3_magnitude(a):
-    """(E4M3 code as int32, its exact value as fp32) of a in [0, 464) (finite): RNE, so a rounding to 448 or above
-    gives 448 (0x7E). The code counts eighths of the binade, (exponent + 6) * 8 + RN(a * 2^(3 - exponent)), a carry
-    into the next binade included; the rounded integer is read from the low mantissa bits of that product plus
-    2^23 (ulp 1), not converted: float -> int converts issue on the GPU's quarter-rate unit, which the silu's exp,
-    reciprocal and bf16 roundings already keep busy."""
-    ex = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, -6)
-    y = a * ((130 - ex) << 23).to(tl.float32, bitcast=True) + 8388608.0  # a * 2^(3 - ex) is exact; one rounding
-    code = (ex + 6) * 8 + (y.to(tl.int32, bitcast=True) - 0x4B000000)
-    value = (y - 8388608.0) * ((124 + ex) << 23).to(tl.float32, bitcast=True)  # RN(a * 2^(3 - ex)) * 2^(ex - 3)
-    return code, value
-
-
-@triton.jit
-def _e4m3_code(t):
-    """fp32 -> (E4M3 byte as int32, exact E4M3 value of |t| as fp32): RNE, saturation at 448, NaN 0x7F."""
-    code, value = _e4m3_magnitude(tl.minimum(tl.abs(t), 448.0))
-    return _with_sign(tl.where(t != t, 0x7F, code), t), value
-
-
-@triton.jit
-def _with_sign(code, x):
-    """An E4M3 magnitude code with x's sign bit as bit 7."""
-    return code | ((x.to(tl.int32, bitcast=True) >> 24) & 0x80)
 
 
 @triton.jit
@@ -120,41 +79,6 @@ def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constex
         return round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
     else:
         return widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
-
-
-@triton.jit
-def _e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr):
-    """E4M3 bytes of RN(h / row_scale) (h [BLOCK_M, BLOCK_N], row_scale [BLOCK_M]). On the GPU, when every row's
-    scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``_quotient`` on |h|, clamped
-    at 448 x scale (a quotient that large saturates anyway, and the clamped one rounds to 448 within an ulp), and
-    the code of that magnitude gets h's sign and NaN; other scales (0, inf, NaN, extremes) divide."""
-    s = row_scale[:, None]
-    if ON_GPU:
-        ok = tl.min(((row_scale >= 5.421010862427522e-20) & (row_scale <= 6.646139978924579e35)).to(tl.int32), 0)
-        if ok == 1:
-            r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-            magnitude, _ = _e4m3_magnitude(_quotient(tl.abs(h), s, r, s * 448.0, ON_GPU))
-            code = _with_sign(tl.where(h != h, 0x7F, magnitude), h)
-        else:
-            code, _ = _e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
-    else:
-        code, _ = _e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
-    return code.to(tl.uint8)
-
-
-@triton.jit
-def _token_scale(h, mask):
-    """Per-token FP8 scale of rows h: amax / 448 (ModelOpt's guard: amax <= 2^-24 -> 1), NaN for a row with a NaN."""
-    amax = tl.max(tl.where(mask, tl.abs(h), 0.0), axis=1)
-    nan_rows = tl.max((h != h).to(tl.int32), axis=1)
-    return _scale_of(amax, nan_rows)
-
-
-@triton.jit
-def _scale_of(amax, nan_rows):
-    amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)  # ModelOpt's 2^-24 guard
-    row_scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)
-    return tl.where(nan_rows > 0, float("nan"), row_scale)
 
 
 @triton.jit
@@ -199,9 +123,9 @@ def _silu_mul_quant_kernel(
                     tl.store(out_ptr + o_offs, h, mask=mask)
                 elif MODE == 1 or MODE == 2:
                     if MODE == 2 and NPASS == 1:  # the row is this one tile: its scale first
-                        row_scale = _token_scale(h32, mask)
+                        row_scale = token_scale(h32, mask)
                         tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
-                    tl.store(out_ptr + o_offs, _e4m3_bytes(h32, row_scale, ON_GPU), mask=mask)
+                    tl.store(out_ptr + o_offs, e4m3_bytes(h32, row_scale, ON_GPU), mask=mask)
                 else:
                     NB: tl.constexpr = BLOCK_N // 16
                     hb = tl.reshape(h32, [BLOCK_M, NB, 16])
@@ -209,11 +133,11 @@ def _silu_mul_quant_kernel(
                     bamax = tl.max(tl.abs(hb), axis=2)
                     sc = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0 * scale)
                     sc = tl.minimum(tl.maximum(tl.where(sc == 0.0, 1.0, sc), 0.001953125), 448.0)
-                    scode, sc8 = _e4m3_code(sc)
+                    scode, sc8 = e4m3_code(sc)
                     scode = tl.where(bnan > 0, 0x7F, scode)
                     denom = tl.where(bnan > 0, float("nan"), sc8 * scale)[:, :, None]
                     inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
-                    q = _quotient(tl.abs(hb), denom, inv, denom * 8.0, ON_GPU)  # > 6 saturates anyway
+                    q = quotient(tl.abs(hb), denom, inv, denom * 8.0, ON_GPU)  # > 6 saturates anyway
                     code = _e2m1_code(q, hb < 0.0)
                     lo, hi = tl.split(tl.reshape(code, [BLOCK_M, BLOCK_N // 2, 2]))
                     pcols = (col_start + chunk * BLOCK_N) // 2 + tl.arange(0, BLOCK_N // 2)
@@ -228,7 +152,7 @@ def _silu_mul_quant_kernel(
                 amax = tl.maximum(amax, tl.max(tl.where(mask, tl.abs(h32), 0.0), axis=1))
                 nan_rows = tl.maximum(nan_rows, tl.max((h32 != h32).to(tl.int32), axis=1))
         if p == 0 and NPASS == 2:
-            row_scale = _scale_of(amax, nan_rows)
+            row_scale = scale_of(amax, nan_rows)
             tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
 
 
@@ -249,7 +173,7 @@ def _row_stats(h, amax, nan_rows):
 @triton.jit
 def _store_row_tile(out_ptr, out_off, h, row_scale, START: tl.constexpr, W: tl.constexpr, N, ON_GPU: tl.constexpr):
     cols = START + tl.arange(0, W)
-    tl.store(out_ptr + out_off + cols[None, :], _e4m3_bytes(h, row_scale, ON_GPU), mask=(cols < N)[None, :])
+    tl.store(out_ptr + out_off + cols[None, :], e4m3_bytes(h, row_scale, ON_GPU), mask=(cols < N)[None, :])
 
 
 @triton.jit
@@ -281,7 +205,7 @@ def _token_fp8_row_kernel(
     if W3 > 0:
         h3 = _row_tile(x_ptr, x_off, O3, W3, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
         amax, nan_rows = _row_stats(h3, amax, nan_rows)
-    row_scale = _scale_of(amax, nan_rows)
+    row_scale = scale_of(amax, nan_rows)
     tl.store(out_scale_ptr + row * stride_sm + tl.arange(0, 1), row_scale)
     out_off = row * stride_om
     _store_row_tile(out_ptr, out_off, h0, row_scale, 0, W0, N, ON_GPU)

@@ -1,0 +1,86 @@
+"""FP8 E4M3 codes built by hand in Triton, shared by the kernels that quantize activations (SiLU-quant, the
+norms' FP8 outputs): bytes identical to ModelOpt's quantizer (``ocria.plugins.numerics``) on the GPU and in the
+CPU interpreter. Why by hand and not ``tl.float8e4nv`` or PTX's convert: the H200 runs in
+``ocria/plugins/silu_quant/kernel.py``'s docstring (NaN lost in the saturating convert, midpoints rounded down).
+Quotients by a scale are a multiply by the correctly rounded reciprocal plus one FMA correction on the GPU
+where every scale of the tile is in range, an IEEE division elsewhere."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def quotient(a, s, r, lim, ON_GPU: tl.constexpr):
+    """RN(min(a, lim) / s) for a >= 0. The interpreter divides (IEEE); the GPU multiplies by
+    r = RN(1/s) and corrects once with an FMA, which is correctly rounded by Markstein's theorem
+    (lim keeps the quotient <= 512, far from overflow; underflowing quotients round to 0 anyway)."""
+    a = tl.minimum(a, lim)
+    if ON_GPU:
+        s = tl.zeros_like(a) + s
+        r = tl.zeros_like(a) + r
+        t = a * r
+        return tl.fma(tl.fma(-t, s, a), r, t)
+    else:
+        return tl.math.div_rn(a, tl.zeros_like(a) + s)
+
+
+@triton.jit
+def e4m3_magnitude(a):
+    """(E4M3 code as int32, its exact value as fp32) of a in [0, 464) (finite): RNE, so a rounding to 448 or above
+    gives 448 (0x7E). The code counts eighths of the binade, (exponent + 6) * 8 + RN(a * 2^(3 - exponent)), a carry
+    into the next binade included; the rounded integer is read from the low mantissa bits of that product plus
+    2^23 (ulp 1), not converted: float -> int converts issue on the GPU's quarter-rate unit, which the silu's exp,
+    reciprocal and bf16 roundings already keep busy."""
+    ex = tl.maximum((a.to(tl.int32, bitcast=True) >> 23) - 127, -6)
+    y = a * ((130 - ex) << 23).to(tl.float32, bitcast=True) + 8388608.0  # a * 2^(3 - ex) is exact; one rounding
+    code = (ex + 6) * 8 + (y.to(tl.int32, bitcast=True) - 0x4B000000)
+    value = (y - 8388608.0) * ((124 + ex) << 23).to(tl.float32, bitcast=True)  # RN(a * 2^(3 - ex)) * 2^(ex - 3)
+    return code, value
+
+
+@triton.jit
+def e4m3_code(t):
+    """fp32 -> (E4M3 byte as int32, exact E4M3 value of |t| as fp32): RNE, saturation at 448, NaN 0x7F."""
+    code, value = e4m3_magnitude(tl.minimum(tl.abs(t), 448.0))
+    return with_sign(tl.where(t != t, 0x7F, code), t), value
+
+
+@triton.jit
+def with_sign(code, x):
+    """An E4M3 magnitude code with x's sign bit as bit 7."""
+    return code | ((x.to(tl.int32, bitcast=True) >> 24) & 0x80)
+
+
+@triton.jit
+def e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr):
+    """E4M3 bytes of RN(h / row_scale) (h [BLOCK_M, BLOCK_N], row_scale [BLOCK_M]). On the GPU, when every row's
+    scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``quotient`` on |h|, clamped
+    at 448 x scale (a quotient that large saturates anyway, and the clamped one rounds to 448 within an ulp), and
+    the code of that magnitude gets h's sign and NaN; other scales (0, inf, NaN, extremes) divide."""
+    s = row_scale[:, None]
+    if ON_GPU:
+        ok = tl.min(((row_scale >= 5.421010862427522e-20) & (row_scale <= 6.646139978924579e35)).to(tl.int32), 0)
+        if ok == 1:
+            r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+            magnitude, _ = e4m3_magnitude(quotient(tl.abs(h), s, r, s * 448.0, ON_GPU))
+            code = with_sign(tl.where(h != h, 0x7F, magnitude), h)
+        else:
+            code, _ = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
+    else:
+        code, _ = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
+    return code.to(tl.uint8)
+
+
+@triton.jit
+def token_scale(h, mask):
+    """Per-token FP8 scale of rows h: amax / 448 (ModelOpt's guard: amax <= 2^-24 -> 1), NaN for a row with a NaN."""
+    amax = tl.max(tl.where(mask, tl.abs(h), 0.0), axis=1)
+    nan_rows = tl.max((h != h).to(tl.int32), axis=1)
+    return scale_of(amax, nan_rows)
+
+
+@triton.jit
+def scale_of(amax, nan_rows):
+    amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)  # ModelOpt's 2^-24 guard
+    row_scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)
+    return tl.where(nan_rows > 0, float("nan"), row_scale)
