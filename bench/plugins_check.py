@@ -41,7 +41,9 @@ from ocria.plugins.kv_write import kv_write, kv_write_reference
 from ocria.plugins.launch import PDL_ENV, pdl_launch
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
-from ocria.plugins.rms_norm import gated_rms_norm, rms_norm
+from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm
+from ocria.plugins.rms_norm.kernel import rms_norm_fp8_triton
+from ocria.plugins.rms_norm.op import fp8_reference
 from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
 from ocria.plugins.sigmoid_gate import sigmoid_gate, sigmoid_gate_reference
 from ocria.plugins.silu_quant import silu_mul_quant
@@ -287,6 +289,30 @@ def check_silu_quant(dev: str) -> list[dict]:
     return rows
 
 
+def check_norm_fp8(dev: str) -> list[dict]:
+    """The norms' FP8 outputs: byte for byte ModelOpt's quantization of the y the same launch writes (per token and
+    static; the gated norm per token over its 32 heads), and y as the plain norm kernel's."""
+    g = torch.Generator(dev).manual_seed(4)
+    x, r = (torch.randn(37, 2048, generator=g, device=dev).to(torch.bfloat16) for _ in range(2))
+    o, z = (torch.randn(37, 32, 128, generator=g, device=dev).to(torch.bfloat16) for _ in range(2))
+    w = (torch.randn(2048, generator=g, device=dev) * 0.1).to(torch.bfloat16)
+    wo = (1 + torch.randn(128, generator=g, device=dev) * 0.1).to(torch.bfloat16)
+    rows = []
+    for mode, s in (("fp8_dynamic", None), ("fp8_static", torch.tensor(0.01, device=dev))):
+        y, q, tokens = rms_norm_fp8_triton(x, w, 1e-6, mode, s, 1.0, residual=r, out_sum=torch.empty_like(x))
+        yo, qo, tokens_o = rms_norm_fp8_triton(o, wo, 1e-6, mode, s, z=z)
+        bad = 0
+        for yy, qq, tt, heads in ((y, q, tokens, 1), (yo, qo, tokens_o, 32)):
+            ref, ref_tokens = fp8_reference(yy, mode, s, heads)
+            bad += int((qq.view(torch.uint8) != ref.view(torch.uint8)).sum())
+            bad += 0 if tt is None else int((tt.view(torch.int32) != ref_tokens.view(torch.int32)).sum())
+        y_plain = add_rms_norm(x, r, w, 1e-6, 1.0, use_kernel=True)[1]
+        bad += int((y.view(torch.int16) != y_plain.view(torch.int16)).sum())
+        rows.append({"kernel": f"add_rms_norm / gated_rms_norm -> {mode}", "dtype": "torch.bfloat16",
+                     "mismatched_bytes": bad, "tolerance": 0, "ok": bad == 0})
+    return rows
+
+
 def check_pdl_chain(dev: str) -> list[dict]:
     """Programmatic dependent launch (``OCRIA_PDL=1``): 24 rounds of norm -> GEMM -> SiLU -> split-K GEMM ->
     PyTorch add, each kernel reading the one before, captured in a CUDA graph with PDL and replayed three
@@ -338,7 +364,7 @@ def main() -> int:
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
             check_decode_gemm(dev, True), check_decode_gemm_fp8(dev),
-            *check_nvfp4_gemm(dev), check_kv_write(dev), check_sigmoid_gate(dev),
+            *check_nvfp4_gemm(dev), check_kv_write(dev), check_sigmoid_gate(dev), *check_norm_fp8(dev),
             *check_pdl_chain(dev)]
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,

@@ -507,3 +507,30 @@ def test_projections_sharing_an_input_run_as_one_gemm_per_format(engines):
     assert seen == {1, 2}
     engine.target.text.fuse_projections()  # a second call keeps the runs it made
     assert layers[1].linear_attn.__dict__["_runs"][GDN][0][0] is runs_of_layer_1
+
+
+@pytest.mark.parametrize("use_plugins", [False, True], ids=["reference", "kernels"])
+def test_norms_write_the_fp8_inputs_of_the_fp8_layers_after_them(engines, monkeypatch, use_plugins):
+    """In the mixed engine the decoder's input norm and the GDN output norm also write the FP8 input (bytes and
+    per-token scales) of the FP8 projections after them, instead of those layers quantizing it again: the hidden
+    states equal those of the path where each FP8 layer quantizes its own input."""
+    from ocria.quant.linear import QuantLinear
+
+    engine = load_engine(engines["mixed"], use_plugins=use_plugins)
+    text = engine.target.text
+    torch.manual_seed(0)
+    embeds = torch.randn(1, 6, text.cfg.hidden_size)
+    pos = torch.arange(6).expand(3, 1, 6)
+    calls = []  # FP8 layers that quantize their own input (on CPU: QuantLinear._emulate_fp8)
+    real = QuantLinear._emulate_fp8
+    monkeypatch.setattr(QuantLinear, "_emulate_fp8", lambda self, x: calls.append(self.name) or real(self, x))
+    with torch.no_grad():
+        fused = text(embeds, pos)[0]
+        own_in_fused = len(calls)
+        monkeypatch.setattr(QuantLinear, "input_quant", property(lambda self: None))
+        calls.clear()
+        separate = text(embeds, pos)[0]
+    assert torch.equal(fused, separate)
+    gdn = sum(1 for layer in list(text.layers)[1:] if hasattr(layer, "linear_attn"))
+    attn = len(text.layers) - 1 - gdn
+    assert (own_in_fused, len(calls)) == (attn, 2 * gdn + 2 * attn)  # fused: only o_proj (after the output gate)

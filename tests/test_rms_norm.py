@@ -15,11 +15,14 @@ from ocria.errors import OcriaError
 from ocria.plugins.rms_norm import (
     add_plain_rms_norm,
     add_rms_norm,
+    add_rms_norm_fp8,
     gated_rms_norm,
+    gated_rms_norm_fp8,
     plain_rms_norm,
     rms_norm,
     rms_norm_rope,
 )
+from ocria.plugins.rms_norm.op import fp8_reference
 from ocria.plugins.rms_norm.reference import (
     add_plain_rms_norm_reference,
     add_rms_norm_reference,
@@ -263,3 +266,79 @@ def test_norm_rope_shapes_and_fallbacks():
     xg = x.clone().requires_grad_()
     rms_norm_rope(xg, w, cos, sin, 1e-6, plain=True, use_kernel=True).sum().backward()  # autograd: reference
     assert xg.grad is not None
+
+
+def _fp8_bytes(t: torch.Tensor) -> torch.Tensor:
+    """E4M3 bytes with every NaN as one pattern (a NaN's sign carries nothing)."""
+    b = t.view(torch.uint8)
+    return torch.where((b & 0x7F) == 0x7F, torch.full_like(b, 0x7F), b)
+
+
+def _same_fp8(got: tuple, want: tuple) -> None:
+    assert got[0].dtype == torch.float8_e4m3fn and got[0].shape == want[0].shape
+    assert torch.equal(_fp8_bytes(got[0]), _fp8_bytes(want[0]))
+    if want[1] is None:
+        assert got[1] is None
+    else:
+        assert got[1].shape == want[1].shape and torch.equal(got[1].nan_to_num(-1.0), want[1].nan_to_num(-1.0))
+
+
+FP8_MODES = [("fp8_dynamic", None), ("fp8_static", torch.tensor([0.004]))]
+
+
+@pytest.mark.parametrize("mode, scale", FP8_MODES, ids=["per_token", "static"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_add_rms_norm_fp8_writes_the_quantized_output(dtype, mode, scale):
+    """The FP8 bytes (and per-token scales) are ModelOpt's quantization of the y the same launch writes, which is
+    add_rms_norm's y; a NaN row, a zero row and a masked tail (96 of 128 columns) included."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(2, 5, 96, generator=g) * 3).to(dtype)
+    r = torch.randn(2, 5, 96, generator=g).to(dtype)
+    x[0, 1, 7] = float("nan")
+    x[1, 2], r[1, 2] = 0.0, 0.0
+    w = (torch.randn(96, generator=g) * 0.1).to(dtype)
+    s, y, q, tokens = add_rms_norm_fp8(x, r, w, 1e-6, 1.0, mode, scale, use_kernel=True)
+    s_plain, y_plain = add_rms_norm(x, r, w, 1e-6, 1.0, use_kernel=True)
+    assert torch.equal(s.nan_to_num(), s_plain.nan_to_num()) and torch.equal(y.nan_to_num(), y_plain.nan_to_num())
+    _same_fp8((q, tokens), fp8_reference(y, mode, scale))
+    ref = add_rms_norm_fp8(x, r, w, 1e-6, 1.0, mode, scale, use_kernel=False)
+    _same_fp8(ref[2:], fp8_reference(ref[1], mode, scale))
+
+
+@pytest.mark.parametrize("mode, scale", FP8_MODES, ids=["per_token", "static"])
+@pytest.mark.parametrize("heads", [4, 3], ids=["kernel", "reference_for_3_heads"])
+def test_gated_rms_norm_fp8_quantizes_each_token_over_its_heads(heads, mode, scale):
+    """x [B, T, H, D]: one FP8 scale per token over its H * D values (the out_projection's input row)."""
+    from ocria.plugins.rms_norm.kernel import rms_norm_fp8_triton
+
+    g = torch.Generator().manual_seed(heads)
+    x = torch.randn(2, 3, heads, 64, generator=g).to(torch.bfloat16)
+    z = (torch.randn(2, 3, heads, 64, generator=g) * 4).to(torch.bfloat16)
+    x[1, 0, heads - 1, 5] = float("nan")
+    w = (1 + torch.randn(64, generator=g) * 0.1).to(torch.bfloat16)
+    q, tokens = gated_rms_norm_fp8(x, z, w, 1e-6, mode, scale, use_kernel=True)
+    assert q.shape == (2, 3, heads * 64) and (tokens is None) == (mode == "fp8_static")
+    if heads & (heads - 1) == 0:
+        y, *fp8 = rms_norm_fp8_triton(x, w, 1e-6, mode, scale, z=z)
+        assert torch.equal(y.nan_to_num(), gated_rms_norm(x, z, w, 1e-6, use_kernel=True).nan_to_num())
+        _same_fp8(tuple(fp8), fp8_reference(y, mode, scale, heads))
+        _same_fp8((q, tokens), tuple(fp8))
+    else:
+        _same_fp8((q, tokens), fp8_reference(gated_rms_norm_reference(x, z, w, 1e-6), mode, scale, heads))
+
+
+def test_fp8_norm_ops_pass_opcheck_and_refuse_bad_modes():
+    from ocria.plugins.rms_norm.kernel import rms_norm_fp8_triton
+
+    x, r = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
+    w = torch.zeros(64, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.ocria.add_rms_norm_fp8.default, (x, r, w, 1e-6, 1.0, "fp8_dynamic", None),
+                          test_utils="test_faketensor")
+    xh, zh = torch.randn(2, 4, 32, dtype=torch.bfloat16), torch.randn(2, 4, 32, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.ocria.gated_rms_norm_fp8.default,
+                          (xh, zh, torch.ones(32, dtype=torch.bfloat16), 1e-6, "fp8_static", torch.tensor([0.1])),
+                          test_utils="test_faketensor")
+    with pytest.raises(OcriaError, match="FP8 output mode"):
+        rms_norm_fp8_triton(x, w, 1e-6, "fp8_static", None, residual=r)
+    with pytest.raises(OcriaError, match="power of two"):
+        rms_norm_fp8_triton(torch.randn(2, 3, 32), torch.ones(32), 1e-6, "fp8_dynamic", None, z=torch.randn(2, 3, 32))

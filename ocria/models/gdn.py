@@ -123,5 +123,9 @@ class GatedDeltaNet(nn.Module):
             o, state = prefill_recurrence(q, k, v, g, beta, state)
             if cache is not None:
                 cache.ssm[i][slots] = state
+        quant = getattr(self.out_proj, "input_quant", None)
+        if quant is not None:  # an FP8 out_proj: the norm's launch writes its FP8 input
+            q8, token_scales = self.norm.fp8(o.to(qkv.dtype), z, *quant)
+            return self.out_proj.forward_fp8(q8, token_scales, qkv.dtype)
         o = self.norm(o.to(qkv.dtype), z)
         return dense(self.out_proj, o.reshape(B, T, self.value_dim), self.use_kernel)

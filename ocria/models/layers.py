@@ -10,11 +10,14 @@ from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_norm
 from ocria.plugins.rms_norm import (
     add_plain_rms_norm,
     add_rms_norm,
+    add_rms_norm_fp8,
     gated_rms_norm,
+    gated_rms_norm_fp8,
     plain_rms_norm,
     rms_norm,
     rms_norm_rope,
 )
+from ocria.plugins.rms_norm.op import fp8_reference
 from ocria.plugins.rms_norm.reference import apply_rotary  # noqa: F401  (the models' rotary, used by vision and training)
 from ocria.plugins.silu_quant import silu_mul_quant
 
@@ -37,6 +40,14 @@ class ZeroCenteredRMSNorm(nn.Module):
         if residual is None:
             return x, self(x)
         return add_rms_norm(x, residual, self.weight, self.eps, 1.0, use_kernel=self.use_kernel)
+
+    def add_fp8(self, x: Tensor, residual: Tensor | None, mode: str,
+                scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """``add`` and the FP8 quantization of the norm (``mode``: fp8_static with ``scale``, or fp8_dynamic) for
+        the FP8 layers that read it: (sum, norm, E4M3 norm, per-token scales or None), one launch with the kernel."""
+        if residual is None:
+            return (x, y := self(x), *fp8_reference(y, mode, scale))
+        return add_rms_norm_fp8(x, residual, self.weight, self.eps, 1.0, mode, scale, use_kernel=self.use_kernel)
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         """An attention's q/k norm then its rotary embedding, x [B, T, H, D], cos/sin [B, T, R]: one launch
@@ -93,6 +104,11 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: Tensor, z: Tensor) -> Tensor:
         return gated_rms_norm(x, z, self.weight, self.eps, use_kernel=self.use_kernel)
+
+    def fp8(self, x: Tensor, z: Tensor, mode: str, scale: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The norm of x [..., H, D] as the FP8 input of the layer after it: (E4M3 [..., H * D], per-token scales or
+        None), one launch with the kernel."""
+        return gated_rms_norm_fp8(x, z, self.weight, self.eps, mode, scale, use_kernel=self.use_kernel)
 
 
 GATE_UP = ("gate_proj", "up_proj")  # the MLP's input projections, fused into one GEMM for inference
@@ -169,14 +185,23 @@ def fused_group(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, list
     return module.__dict__.get("_fused", {}).get(names)
 
 
-def project(module: nn.Module, x: Tensor, names: tuple[str, ...]) -> tuple[Tensor, ...]:
-    """Apply the named linears of ``module`` to x (one GEMM when ``fuse_linears`` prepared them)."""
+def project(module: nn.Module, x: Tensor, names: tuple[str, ...],
+            fp8_input: tuple[nn.Module, Tensor, Tensor | None] | None = None) -> tuple[Tensor, ...]:
+    """Apply the named linears of ``module`` to x (one GEMM when ``fuse_linears`` prepared them). ``fp8_input``
+    (executor, E4M3 x, per-token scales) hands that run's executor x already quantized (``fp8_consumer``)."""
     fused, use_kernel = fused_group(module, names), getattr(module, "use_kernel", None)
     runs = module.__dict__.get("_runs", {}).get(names)
     if runs is not None:
-        return tuple(y for executor, sizes in runs for y in (
-            decode_gemm(x, executor, use_kernel=use_kernel) if isinstance(executor, Tensor)
-            else dense(executor, x, use_kernel)).split(sizes, dim=-1))
+        outs = []
+        for executor, sizes in runs:
+            if fp8_input is not None and executor is fp8_input[0]:
+                y = executor.forward_fp8(fp8_input[1], fp8_input[2], x.dtype)
+            elif isinstance(executor, Tensor):
+                y = decode_gemm(x, executor, use_kernel=use_kernel)
+            else:
+                y = dense(executor, x, use_kernel)
+            outs.extend(y.split(sizes, dim=-1))
+        return tuple(outs)
     if fused is None:
         return tuple(dense(getattr(module, n), x, use_kernel) for n in names)
     weight, sizes = fused
@@ -200,10 +225,19 @@ def norm_project(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None
     ``norm_gemm`` applies, else ``norm.add`` then ``project``."""
     fused = norm_gemm(norm, x, residual, module, names)
     if fused is None:
+        consumer = fp8_consumer(module.__dict__.get("_runs", {}).get(names, []))
+        if consumer is not None:  # the norm's launch also writes the FP8 input of that run
+            s, h, q, token_scales = norm.add_fp8(x, residual, *consumer.input_quant)
+            return s, project(module, h, names, (consumer, q, token_scales))
         s, h = norm.add(x, residual)
         return s, project(module, h, names)
     s, y = fused
     return s, y.split(fused_group(module, names)[1], dim=-1)
+
+
+def fp8_consumer(runs: list) -> nn.Module | None:
+    """The first executor of ``_fuse_runs``' runs that quantizes its input to FP8 (``input_quant``), if any."""
+    return next((ex for ex, _ in runs if getattr(ex, "input_quant", None) is not None), None)
 
 
 def norm_mlp(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, mlp: nn.Module) -> tuple[Tensor, Tensor]:

@@ -157,6 +157,12 @@ class QuantLinear(nn.Module):
         return ("nvfp4", self.weight_scale_2.item())
 
     @property
+    def input_quant(self) -> tuple[str, Tensor | None] | None:
+        """(mode, static scale) of the FP8 quantization this layer applies to its input, for a producer that can
+        write the FP8 input itself (a norm) and call ``forward_fp8``; None for bf16 and NVFP4 (bf16 inputs)."""
+        return (self.act_mode, self.input_scale) if self.fmt == "fp8" else None
+
+    @property
     def act_mode(self) -> str:
         """How the input is quantized: ``bf16`` (none), ``fp8_static`` or ``fp8_dynamic``."""
         if self.fmt != "fp8":

@@ -14,6 +14,7 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from ocria.errors import OcriaError
+from ocria.plugins.fp8_codes import e4m3_bytes, token_scale
 from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
@@ -34,11 +35,14 @@ def _norm_chain(x, w, rstd, offset, PLAIN: tl.constexpr, X_BF16: tl.constexpr, P
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, cos_ptr, sin_ptr, M, N, stride_x, stride_xh, stride_z, stride_r, eps,
-    offset, HEADS, R, PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, ROPE: tl.constexpr,
-    X_BF16: tl.constexpr, W_BF16: tl.constexpr, Z_BF16: tl.constexpr, PROD_BF16: tl.constexpr,
-    ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr, PDL: tl.constexpr,
+    x_ptr, z_ptr, w_ptr, y_ptr, r_ptr, s_ptr, cos_ptr, sin_ptr, q_ptr, qs_ptr, M, N, stride_x, stride_xh, stride_z,
+    stride_r, eps, offset, HEADS, R, PLAIN: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    ROPE: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr, X_BF16: tl.constexpr, W_BF16: tl.constexpr,
+    Z_BF16: tl.constexpr, PROD_BF16: tl.constexpr, ON_GPU: tl.constexpr, DT: tl.constexpr, ROWS: tl.constexpr,
+    BN: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    # QUANT (1: static FP8 with the scale at qs_ptr, 2: per-token FP8 over GROUP rows, its scales to qs_ptr) also
+    # writes the E4M3 bytes of the output y (as stored) to q_ptr: the FP8 input of the linear layer that follows.
     pdl_enter(PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BN)
@@ -89,6 +93,27 @@ def _rms_norm_kernel(
         tl.store(y_ptrs, bf16_bits(y), mask=mask)
     else:
         tl.store(y_ptrs, y.to(DT), mask=mask)
+    if QUANT > 0:
+        _store_fp8(round_to_dtype(y, X_BF16, ON_GPU, DT), mask, q_ptr, qs_ptr, rows64, cols, M, N, QUANT, GROUP,
+                   ON_GPU, ROWS, BN)
+
+
+@triton.jit
+def _store_fp8(y, mask, q_ptr, qs_ptr, rows64, cols, M, N, QUANT: tl.constexpr, GROUP: tl.constexpr,
+               ON_GPU: tl.constexpr, ROWS: tl.constexpr, BN: tl.constexpr):
+    """E4M3 bytes of the [ROWS, BN] tile y, whose rows come GROUP to a token (program tiles start on a token)."""
+    NG: tl.constexpr = ROWS // GROUP
+    yt = tl.reshape(y, [NG, GROUP * BN])
+    if QUANT == 1:
+        scale = tl.zeros([NG], dtype=tl.float32) + tl.load(qs_ptr)
+    else:
+        scale = token_scale(yt, tl.reshape(mask, [NG, GROUP * BN]))
+        tokens = rows64 // GROUP
+        first = (rows64 % GROUP) == 0
+        tl.store(qs_ptr + tokens, tl.reshape(tl.broadcast_to(scale[:, None], [NG, GROUP]), [ROWS]),
+                 mask=first & (rows64 < M))
+    codes = tl.reshape(e4m3_bytes(yt, scale, ON_GPU), [ROWS, BN])
+    tl.store(q_ptr + rows64[:, None] * N + cols[None, :], codes, mask=mask)
 
 
 def _rows(t: Tensor) -> tuple[Tensor, int]:
@@ -106,6 +131,31 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
     ``gated_rms_norm_reference`` (z given) in one launch. With ``residual`` (not with z):
     ``out_sum = x + residual`` is written and the norm is of that sum. With cos, sin [..., R] (x [..., H, N],
     neither z nor residual): ``rms_norm_rope_reference``, the rotary embedding of the norm's first R channels."""
+    return _launch(x, weight, eps, offset, z, residual, out_sum, plain, cos, sin)[0]
+
+
+def rms_norm_fp8_triton(x: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None, offset: float = 0.0,
+                        z: Tensor | None = None, residual: Tensor | None = None,
+                        out_sum: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``(y, q, token_scales)``: ``rms_norm_triton``'s y (no rope) and, from the same launch, the E4M3 bytes of y as
+    the next linear layer's FP8 input: ``fp8_static`` with ``scale`` (token_scales None) or ``fp8_dynamic``, one
+    scale per token. A token is a row of x, with z (the gated norm, x [..., H, D]) the H rows of its heads."""
+    if mode not in FP8_MODES or (mode == "fp8_static") != (scale is not None):
+        raise OcriaError(f"rms_norm kernel: FP8 output mode {mode!r} with scale {scale}: expected fp8_static with a "
+                         "scale or fp8_dynamic without one")
+    group = x.shape[-2] if z is not None else 1
+    if group & (group - 1) or group * triton.next_power_of_2(x.shape[-1]) > MAX_WIDTH:
+        raise OcriaError(f"rms_norm kernel: FP8 output over {group} heads of {x.shape[-1]}: the heads of a token "
+                         f"must be a power of two and fit one tile of {MAX_WIDTH}")
+    return _launch(x, weight, eps, offset, z, residual, out_sum, False, None, None, (FP8_MODES[mode], scale, group))
+
+
+FP8_MODES = {"fp8_static": 1, "fp8_dynamic": 2}
+
+
+def _launch(x: Tensor, weight: Tensor, eps: float, offset: float, z: Tensor | None, residual: Tensor | None,
+            out_sum: Tensor | None, plain: bool, cos: Tensor | None, sin: Tensor | None,
+            quant: tuple[int, Tensor | None, int] | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
     N = x.shape[-1]
     if N > MAX_WIDTH or weight.shape != (N,) or any(t is not None and t.shape != x.shape for t in (z, residual)):
         raise OcriaError(f"rms_norm kernel: x {tuple(x.shape)}, weight {tuple(weight.shape)}"
@@ -136,17 +186,31 @@ def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, 
     r2, sr = _rows(residual) if residual is not None else (x2, sx)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     s = out_sum if out_sum is not None else y
+    mode, group = (quant[0], quant[2]) if quant is not None else (0, 1)
+    q = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if mode else None
+    tokens = torch.empty(*x.shape[:x.dim() - (1 if group == 1 else 2)], 1, dtype=torch.float32, device=x.device) \
+        if mode == 2 else None
+    qs = quant[1].float().reshape(1).contiguous() if mode == 1 else tokens
     if M == 0:
-        return y
+        return y, _as_fp8(q, group), tokens
     BN = triton.next_power_of_2(N)
-    rows = max(1, min(16, 4096 // BN))
+    rows = max(group, min(16, 4096 // BN))
     cs = (cos.contiguous(), sin.contiguous()) if rope else (x2, x2)
     _rms_norm_kernel[(triton.cdiv(M, rows),)](
-        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s, *cs)), M, N, sx, sxh, sz, sr, eps, offset,
-        x.shape[-2] if rope else 1, cos.shape[-1] if rope else 0,
-        PLAIN=plain or z is not None, GATED=z is not None, RESIDUAL=residual is not None, ROPE=rope,
+        *(bf16_as_int16(t) for t in (x2, z2, weight.contiguous(), y, r2, s, *cs)), q if mode else y,
+        qs if mode else y, M, N, sx, sxh, sz, sr, eps, offset, x.shape[-2] if rope else 1, cos.shape[-1] if rope else 0,
+        PLAIN=plain or z is not None, GATED=z is not None, RESIDUAL=residual is not None, ROPE=rope, QUANT=mode,
+        GROUP=group,
         X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
         DT=tl.float32, ROWS=rows, BN=BN, **pdl_args(x.device),
     )  # fmt: skip
-    return y
+    return y, _as_fp8(q, group), tokens
+
+
+def _as_fp8(q: Tensor | None, group: int) -> Tensor | None:
+    """The E4M3 bytes as float8, a token's heads flattened into one row (the next layer's input)."""
+    if q is None:
+        return None
+    q = q.view(torch.float8_e4m3fn)
+    return q.reshape(*q.shape[:-2], -1) if group > 1 else q

@@ -1,13 +1,15 @@
 """``torch.library`` operators ``ocria::rms_norm``, ``ocria::add_rms_norm``, ``ocria::plain_rms_norm``,
-``ocria::add_plain_rms_norm``, ``ocria::rms_norm_rope``, ``ocria::gated_rms_norm`` and the functions the model's
-norm layers call.
+``ocria::add_plain_rms_norm``, ``ocria::rms_norm_rope``, ``ocria::gated_rms_norm``, the FP8-output forms
+``ocria::add_rms_norm_fp8`` and ``ocria::gated_rms_norm_fp8``, and the functions the model's norm layers call.
 ``use_kernel`` is the plugins' switch (None: the Triton kernel on CUDA, the reference elsewhere).
 The kernel has no backward: under autograd (training) the reference runs."""
 
 import torch
+import triton
 from torch import Tensor
 
-from ocria.plugins.rms_norm.kernel import rms_norm_triton
+from ocria.plugins import numerics as nx
+from ocria.plugins.rms_norm.kernel import MAX_WIDTH, rms_norm_fp8_triton, rms_norm_triton
 from ocria.plugins.rms_norm.reference import (
     add_plain_rms_norm_reference,
     add_rms_norm_reference,
@@ -50,6 +52,46 @@ def _rms_norm_rope_op(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: 
 @torch.library.custom_op("ocria::gated_rms_norm", mutates_args=())
 def _gated_rms_norm_op(x: Tensor, z: Tensor, weight: Tensor, eps: float) -> Tensor:
     return rms_norm_triton(x, weight, eps, z=z)
+
+
+@torch.library.custom_op("ocria::add_rms_norm_fp8", mutates_args=())
+def _add_rms_norm_fp8_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, mode: str,
+                         scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    out_sum = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    y, q, tokens = rms_norm_fp8_triton(x, weight, eps, mode, scale, offset, residual=residual, out_sum=out_sum)
+    return out_sum, y, q, _or_empty(tokens, x)
+
+
+@torch.library.custom_op("ocria::gated_rms_norm_fp8", mutates_args=())
+def _gated_rms_norm_fp8_op(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str,
+                           scale: Tensor | None) -> tuple[Tensor, Tensor]:
+    _, q, tokens = rms_norm_fp8_triton(x, weight, eps, mode, scale, z=z)
+    return q, _or_empty(tokens, x)
+
+
+def _or_empty(tokens: Tensor | None, like: Tensor) -> Tensor:
+    return tokens if tokens is not None else torch.empty(0, dtype=torch.float32, device=like.device)
+
+
+def _fp8_fake(x: Tensor, heads: int, mode: str) -> tuple[Tensor, Tensor]:
+    lead = x.shape[:-2] if heads > 1 else x.shape[:-1]
+    q = x.new_empty(*lead, heads * x.shape[-1], dtype=torch.float8_e4m3fn)
+    tokens = x.new_empty(*lead, 1, dtype=torch.float32) if mode == "fp8_dynamic" else \
+        x.new_empty(0, dtype=torch.float32)
+    return q, tokens
+
+
+@_add_rms_norm_fp8_op.register_fake
+def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, mode: str,
+      scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    q, tokens = _fp8_fake(x, 1, mode)
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            torch.empty_like(x, memory_format=torch.contiguous_format), q, tokens)
+
+
+@_gated_rms_norm_fp8_op.register_fake
+def _(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None) -> tuple[Tensor, Tensor]:
+    return _fp8_fake(x, x.shape[-2], mode)
 
 
 @_rms_norm_op.register_fake
@@ -141,3 +183,39 @@ def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel:
     if _use_kernel(x, (z, weight), use_kernel):
         return torch.ops.ocria.gated_rms_norm(x, z, weight, eps)
     return gated_rms_norm_reference(x, z, weight, eps)
+
+
+def fp8_reference(y: Tensor, mode: str, scale: Tensor | None, heads: int = 1) -> tuple[Tensor, Tensor | None]:
+    """ModelOpt's FP8 quantization of a norm's output as the next linear layer's input: per tensor (``fp8_static``,
+    with ``scale``) or per token (``fp8_dynamic``); y [..., H, D] with ``heads`` H > 1 is flattened to [..., H * D]."""
+    rows = y.reshape(*y.shape[:-2], -1) if heads > 1 else y
+    if mode == "fp8_static":
+        return nx.quantize_fp8(rows, scale), None
+    if mode == "fp8_dynamic":
+        return nx.quantize_fp8_per_token(rows)
+    raise ValueError(f"unknown FP8 input mode {mode!r}; expected fp8_static or fp8_dynamic")
+
+
+def add_rms_norm_fp8(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, mode: str,
+                     scale: Tensor | None = None,
+                     use_kernel: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(s, y, q, token_scales)``: ``add_rms_norm``'s (s, y) and ``fp8_reference(y, mode, scale)`` from one launch
+    (the decoder's input norm feeding FP8 projections: no separate activation quantization)."""
+    if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), use_kernel):
+        s, y, q, tokens = torch.ops.ocria.add_rms_norm_fp8(x, residual, weight, eps, offset, mode, scale)
+        return s, y, q, tokens if mode == "fp8_dynamic" else None
+    s, y = add_rms_norm_reference(x, residual, weight, eps, offset)
+    return (s, y, *fp8_reference(y, mode, scale))
+
+
+def gated_rms_norm_fp8(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None = None,
+                       use_kernel: bool | None = None) -> tuple[Tensor, Tensor | None]:
+    """``fp8_reference(gated_rms_norm(x, z), mode, scale, heads)`` for x [..., H, D] from one launch (the GDN output
+    norm feeding an FP8 ``out_proj``): (q [..., H * D], token scales [..., 1] or None). The kernel takes a power-of-two
+    H whose rows fit one tile; others run the reference."""
+    heads = x.shape[-2]
+    if (heads & (heads - 1) == 0 and heads * triton.next_power_of_2(x.shape[-1]) <= MAX_WIDTH
+            and _use_kernel(x, (z, weight), use_kernel)):
+        q, tokens = torch.ops.ocria.gated_rms_norm_fp8(x, z, weight, eps, mode, scale)
+        return q, tokens if mode == "fp8_dynamic" else None
+    return fp8_reference(gated_rms_norm_reference(x, z, weight, eps), mode, scale, heads)
