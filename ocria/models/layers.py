@@ -222,7 +222,8 @@ def norm_gemm(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, m
 def norm_project(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, module: nn.Module,
                  names: tuple[str, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
     """``(s, projections of norm(s))`` with ``s = x + residual``: the norm folded into the GEMM when
-    ``norm_gemm`` applies, else ``norm.add`` then ``project``."""
+    ``norm_gemm`` applies, else ``norm.add`` then ``project``; when a run of the projections quantizes its input to
+    FP8 (``fp8_consumer``), ``norm.add_fp8`` writes that input in the norm's launch."""
     fused = norm_gemm(norm, x, residual, module, names)
     if fused is None:
         consumer = fp8_consumer(module.__dict__.get("_runs", {}).get(names, []))
