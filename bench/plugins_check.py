@@ -302,8 +302,8 @@ def check_norm_fp8(dev: str) -> list[dict]:
         y, q, tokens = rms_norm_fp8_triton(x, w, 1e-6, mode, s, 1.0, residual=r, out_sum=torch.empty_like(x))
         yo, qo, tokens_o = rms_norm_fp8_triton(o, wo, 1e-6, mode, s, z=z)
         bad = 0
-        for yy, qq, tt, heads in ((y, q, tokens, 1), (yo, qo, tokens_o, 32)):
-            ref, ref_tokens = fp8_reference(yy, mode, s, heads)
+        for yy, qq, tt, gated in ((y, q, tokens, False), (yo, qo, tokens_o, True)):
+            ref, ref_tokens = fp8_reference(yy, mode, s, gated)
             bad += int((qq.view(torch.uint8) != ref.view(torch.uint8)).sum())
             bad += 0 if tt is None else int((tt.view(torch.int32) != ref_tokens.view(torch.int32)).sum())
         y_plain = add_rms_norm(x, r, w, 1e-6, 1.0, use_kernel=True)[1]

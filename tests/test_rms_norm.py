@@ -306,7 +306,7 @@ def test_add_rms_norm_fp8_writes_the_quantized_output(dtype, mode, scale):
 
 
 @pytest.mark.parametrize("mode, scale", FP8_MODES, ids=["per_token", "static"])
-@pytest.mark.parametrize("heads", [4, 3], ids=["kernel", "reference_for_3_heads"])
+@pytest.mark.parametrize("heads", [4, 1, 3], ids=["kernel", "kernel_one_head", "reference_for_3_heads"])
 def test_gated_rms_norm_fp8_quantizes_each_token_over_its_heads(heads, mode, scale):
     """x [B, T, H, D]: one FP8 scale per token over its H * D values (the out_projection's input row)."""
     from ocria.plugins.rms_norm.kernel import rms_norm_fp8_triton
@@ -317,14 +317,14 @@ def test_gated_rms_norm_fp8_quantizes_each_token_over_its_heads(heads, mode, sca
     x[1, 0, heads - 1, 5] = float("nan")
     w = (1 + torch.randn(64, generator=g) * 0.1).to(torch.bfloat16)
     q, tokens = gated_rms_norm_fp8(x, z, w, 1e-6, mode, scale, use_kernel=True)
-    assert q.shape == (2, 3, heads * 64) and (tokens is None) == (mode == "fp8_static")
+    assert q.shape == (2, 3, heads * 64) and (tokens is None if mode == "fp8_static" else tokens.shape == (2, 3, 1))
     if heads & (heads - 1) == 0:
         y, *fp8 = rms_norm_fp8_triton(x, w, 1e-6, mode, scale, z=z)
         assert torch.equal(y.nan_to_num(), gated_rms_norm(x, z, w, 1e-6, use_kernel=True).nan_to_num())
-        _same_fp8(tuple(fp8), fp8_reference(y, mode, scale, heads))
+        _same_fp8(tuple(fp8), fp8_reference(y, mode, scale, gated=True))
         _same_fp8((q, tokens), tuple(fp8))
     else:
-        _same_fp8((q, tokens), fp8_reference(gated_rms_norm_reference(x, z, w, 1e-6), mode, scale, heads))
+        _same_fp8((q, tokens), fp8_reference(gated_rms_norm_reference(x, z, w, 1e-6), mode, scale, gated=True))
 
 
 def test_fp8_norm_ops_pass_opcheck_and_refuse_bad_modes():

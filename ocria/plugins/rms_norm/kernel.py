@@ -188,11 +188,11 @@ def _launch(x: Tensor, weight: Tensor, eps: float, offset: float, z: Tensor | No
     s = out_sum if out_sum is not None else y
     mode, group = (quant[0], quant[2]) if quant is not None else (0, 1)
     q = torch.empty(x.shape, dtype=torch.uint8, device=x.device) if mode else None
-    tokens = torch.empty(*x.shape[:x.dim() - (1 if group == 1 else 2)], 1, dtype=torch.float32, device=x.device) \
-        if mode == 2 else None
+    lead = x.shape[:-2] if z is not None else x.shape[:-1]  # a token: a row, or (gated) the heads of a row
+    tokens = torch.empty(*lead, 1, dtype=torch.float32, device=x.device) if mode == 2 else None
     qs = quant[1].float().reshape(1).contiguous() if mode == 1 else tokens
     if M == 0:
-        return y, _as_fp8(q, group), tokens
+        return y, _as_fp8(q, z is not None), tokens
     BN = triton.next_power_of_2(N)
     rows = max(group, min(16, 4096 // BN))
     cs = (cos.contiguous(), sin.contiguous()) if rope else (x2, x2)
@@ -205,12 +205,12 @@ def _launch(x: Tensor, weight: Tensor, eps: float, offset: float, z: Tensor | No
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
         DT=tl.float32, ROWS=rows, BN=BN, **pdl_args(x.device),
     )  # fmt: skip
-    return y, _as_fp8(q, group), tokens
+    return y, _as_fp8(q, z is not None), tokens
 
 
-def _as_fp8(q: Tensor | None, group: int) -> Tensor | None:
-    """The E4M3 bytes as float8, a token's heads flattened into one row (the next layer's input)."""
+def _as_fp8(q: Tensor | None, gated: bool) -> Tensor | None:
+    """The E4M3 bytes as float8; the gated norm's [..., H, D] flattened to [..., H * D] (the next layer's input)."""
     if q is None:
         return None
     q = q.view(torch.float8_e4m3fn)
-    return q.reshape(*q.shape[:-2], -1) if group > 1 else q
+    return q.reshape(*q.shape[:-2], -1) if gated else q

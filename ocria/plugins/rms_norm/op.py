@@ -73,9 +73,9 @@ def _or_empty(tokens: Tensor | None, like: Tensor) -> Tensor:
     return tokens if tokens is not None else torch.empty(0, dtype=torch.float32, device=like.device)
 
 
-def _fp8_fake(x: Tensor, heads: int, mode: str) -> tuple[Tensor, Tensor]:
-    lead = x.shape[:-2] if heads > 1 else x.shape[:-1]
-    q = x.new_empty(*lead, heads * x.shape[-1], dtype=torch.float8_e4m3fn)
+def _fp8_fake(x: Tensor, gated: bool, mode: str) -> tuple[Tensor, Tensor]:
+    lead = x.shape[:-2] if gated else x.shape[:-1]
+    q = x.new_empty(*lead, (x.shape[-2] if gated else 1) * x.shape[-1], dtype=torch.float8_e4m3fn)
     tokens = x.new_empty(*lead, 1, dtype=torch.float32) if mode == "fp8_dynamic" else \
         x.new_empty(0, dtype=torch.float32)
     return q, tokens
@@ -84,14 +84,14 @@ def _fp8_fake(x: Tensor, heads: int, mode: str) -> tuple[Tensor, Tensor]:
 @_add_rms_norm_fp8_op.register_fake
 def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, mode: str,
       scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    q, tokens = _fp8_fake(x, 1, mode)
+    q, tokens = _fp8_fake(x, False, mode)
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             torch.empty_like(x, memory_format=torch.contiguous_format), q, tokens)
 
 
 @_gated_rms_norm_fp8_op.register_fake
 def _(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None) -> tuple[Tensor, Tensor]:
-    return _fp8_fake(x, x.shape[-2], mode)
+    return _fp8_fake(x, True, mode)
 
 
 @_rms_norm_op.register_fake
@@ -185,10 +185,11 @@ def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel:
     return gated_rms_norm_reference(x, z, weight, eps)
 
 
-def fp8_reference(y: Tensor, mode: str, scale: Tensor | None, heads: int = 1) -> tuple[Tensor, Tensor | None]:
+def fp8_reference(y: Tensor, mode: str, scale: Tensor | None,
+                  gated: bool = False) -> tuple[Tensor, Tensor | None]:
     """ModelOpt's FP8 quantization of a norm's output as the next linear layer's input: per tensor (``fp8_static``,
-    with ``scale``) or per token (``fp8_dynamic``); y [..., H, D] with ``heads`` H > 1 is flattened to [..., H * D]."""
-    rows = y.reshape(*y.shape[:-2], -1) if heads > 1 else y
+    with ``scale``) or per token (``fp8_dynamic``); the gated norm's y [..., H, D] is flattened to [..., H * D]."""
+    rows = y.reshape(*y.shape[:-2], -1) if gated else y
     if mode == "fp8_static":
         return nx.quantize_fp8(rows, scale), None
     if mode == "fp8_dynamic":
@@ -210,12 +211,12 @@ def add_rms_norm_fp8(x: Tensor, residual: Tensor, weight: Tensor, eps: float, of
 
 def gated_rms_norm_fp8(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None = None,
                        use_kernel: bool | None = None) -> tuple[Tensor, Tensor | None]:
-    """``fp8_reference(gated_rms_norm(x, z), mode, scale, heads)`` for x [..., H, D] from one launch (the GDN output
-    norm feeding an FP8 ``out_proj``): (q [..., H * D], token scales [..., 1] or None). The kernel takes a power-of-two
-    H whose rows fit one tile; others run the reference."""
+    """``fp8_reference(gated_rms_norm(x, z), mode, scale, gated=True)`` for x [..., H, D] from one launch (the GDN
+    output norm feeding an FP8 ``out_proj``): (q [..., H * D], token scales [..., 1] or None). The kernel takes a
+    power-of-two H whose rows fit one tile; others run the reference."""
     heads = x.shape[-2]
     if (heads & (heads - 1) == 0 and heads * triton.next_power_of_2(x.shape[-1]) <= MAX_WIDTH
             and _use_kernel(x, (z, weight), use_kernel)):
         q, tokens = torch.ops.ocria.gated_rms_norm_fp8(x, z, weight, eps, mode, scale)
         return q, tokens if mode == "fp8_dynamic" else None
-    return fp8_reference(gated_rms_norm_reference(x, z, weight, eps), mode, scale, heads)
+    return fp8_reference(gated_rms_norm_reference(x, z, weight, eps), mode, scale, gated=True)
