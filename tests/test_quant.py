@@ -406,6 +406,54 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     assert flipped <= 0.01 * rows, f"{flipped} of {rows} linear output rows differ from ModelOpt's"
 
 
+def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
+    """A CUDA build with ``algorithm: awq_lite`` exports NVFP4 layers as ``NVFP4_AWQ`` (NVFP4 tensors plus a
+    per-channel ``pre_quant_scale``) and FP8 layers with a ``pre_quant_scale`` too. The loader multiplies each
+    such layer's input by its scale, and the runtime (projection runs included) serves the engine. Written into
+    the mixed engine here, since ModelOpt's NVFP4 AWQ search needs CUDA."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from ocria.manifest import MANIFEST, file_table
+    from ocria.quant.linear import QuantLinear
+    from ocria.quant.load import PreScaledLinear
+
+    root = tmp_path / "mixed-awq"
+    shutil.copytree(engines["mixed"], root)
+    tensors = _tensors(engines["mixed"])
+    config = json.loads((root / "target" / "hf_quant_config.json").read_text())
+    layers = config["quantization"]["quantized_layers"]
+    prescaled = [n for n in layers if n.endswith("mlp.down_proj")]
+    prescaled.append("model.language_model.layers.1.linear_attn.in_proj_qkv")  # in a run of GDN projections
+    torch.manual_seed(0)
+    for name in prescaled:
+        if layers[name]["quant_algo"] == "NVFP4":
+            layers[name]["quant_algo"] = "NVFP4_AWQ"
+        k = tensors[f"{name}.weight"].shape[1] * (2 if tensors[f"{name}.weight"].dtype == torch.uint8 else 1)
+        tensors[f"{name}.pre_quant_scale"] = (torch.rand(k) + 0.5).to(torch.bfloat16)
+    (root / "target" / "hf_quant_config.json").write_text(json.dumps(config))
+    save_file(tensors, str(root / "target" / "model.safetensors"), metadata={"format": "pt"})
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["files"] = file_table(root)
+    (root / MANIFEST).write_text(json.dumps(manifest))
+
+    assert {"NVFP4_AWQ", "FP8"} <= {e["quant_algo"] for e in layers.values()}
+    assert set(layer_formats(config["quantization"]).values()) == {"fp8", "nvfp4"}
+    engine = load_engine(root)
+    modules = dict(engine.target.named_modules())
+    for name in prescaled:
+        layer = modules[name]
+        assert isinstance(layer, PreScaledLinear) and isinstance(layer.linear, QuantLinear)
+        x = torch.randn(3, layer.in_features)
+        scale = tensors[f"{name}.pre_quant_scale"].float()
+        assert torch.equal(layer(x), layer.linear(x * scale))
+    assert modules[prescaled[0]].linear.fmt == "nvfp4" and modules[prescaled[-1]].linear.fmt == "fp8"
+    out = {mode: [t for ev in engine.generate(EXAMPLE, None, SamplingParams(max_tokens=6, mode=mode))
+                  for t in ev.token_ids] for mode in ("spec", "ar")}
+    assert len(out["ar"]) > 0 and out["spec"] == out["ar"]
+
+
 @pytest.mark.parametrize("algorithm", ["awq_lite", "mse"])
 def test_search_with_nvfp4_on_cpu_falls_back_to_max(tmp_path, algorithm):
     from ocria.quant.build import calibration_algorithm

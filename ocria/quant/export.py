@@ -88,9 +88,19 @@ def read_quant_config(directory: Path) -> dict:
     return json.loads(path.read_text()).get("quantization", {}) if path.is_file() else {}
 
 
+# ModelOpt names NVFP4 calibrated with AWQ ``NVFP4_AWQ``: the same tensors plus a per-channel ``pre_quant_scale``
+STORED_AS = {"nvfp4_awq": "nvfp4"}
+
+
+def stored_format(quant_algo: str) -> str:
+    """The tensor format (``fp8`` / ``nvfp4``) of a ModelOpt ``quant_algo`` name."""
+    algo = quant_algo.lower()
+    return STORED_AS.get(algo, algo)
+
+
 def layer_formats(quant: dict) -> dict[str, str]:
     """Quantized layer name -> ``fp8`` / ``nvfp4`` from an hf_quant_config ``quantization`` section."""
     algo = quant.get("quant_algo")
     if algo == "MIXED_PRECISION":
-        return {name: entry["quant_algo"].lower() for name, entry in quant.get("quantized_layers", {}).items()}
+        return {name: stored_format(entry["quant_algo"]) for name, entry in quant.get("quantized_layers", {}).items()}
     return {}

@@ -19,7 +19,7 @@ from ocria.models.checkpoint import checkpoint_files, load_module, read_tensors
 from ocria.models.config import OCRiaConfig, read_config_json
 from ocria.models.layers import SwiGLU
 from ocria.models.target import IGNORED_TENSORS
-from ocria.quant.export import layer_formats, read_quant_config
+from ocria.quant.export import layer_formats, read_quant_config, stored_format
 from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
 
 TENSOR_SUFFIXES = ("weight", "bias", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale")
@@ -33,6 +33,14 @@ class PreScaledLinear(nn.Module):
         super().__init__()
         self.linear = linear
         self.register_buffer("pre_quant_scale", pre_quant_scale.float().reshape(-1))
+
+    @property
+    def in_features(self) -> int:
+        return self.linear.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x * self.pre_quant_scale.to(x.dtype))
@@ -79,7 +87,7 @@ def load_quantized_target(directory: str | Path, dtype: torch.dtype = torch.bflo
     for name, fmt in formats.items():
         if not isinstance(modules.get(name), nn.Linear):
             raise CheckpointError(f"{directory}: quantized tensor {name}.weight is not a linear layer of the model")
-        if (declared and declared.get(name) != fmt) or (not declared and algo and algo.lower() != fmt):
+        if (declared and declared.get(name) != fmt) or (not declared and algo and stored_format(algo) != fmt):
             raise CheckpointError(f"{directory}: {name} is stored as {fmt} but hf_quant_config.json says "
                                   f"{declared.get(name, algo)}")
     missing = sorted(set(declared) - set(formats))
