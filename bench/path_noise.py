@@ -12,6 +12,13 @@ its whole greedy answer (the prompt and the answer before the window prefilled):
 With ``--runtime`` as well: ``spec`` through the scheduler, each step's verify logits (accepted rows, up to the
 first spec/ar divergence) against a clean recompute of the same positions, and both margins of ar's token over
 spec's at that divergence: every path difference the runtime has, not only T=1 against T=block.
+
+With ``--layers`` as well: where the two paths part, layer by layer: over the first block-multiple of tokens of
+each answer, every decoder layer's, mixer's and MLP's output on the ar path against the verify path (max
+difference, relative to the layer's largest output, first differing position), and the GDN gates of layer 0 on a
+one-token call against a 16-token call.
+
+    python bench/path_noise.py --engine engines/ocria-mini-mixed --device cpu --layers --docs 2 --out ...
 """
 
 import argparse
@@ -130,6 +137,73 @@ def runtime_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
     return rows
 
 
+def _recorder(seen: dict[str, list[torch.Tensor]], name: str):
+    """A forward hook keeping a module's output rows (the first tensor of a tuple) under ``name``."""
+    def hook(module, inputs, output):
+        out = output[0] if isinstance(output, tuple) else output
+        seen.setdefault(name, []).append(out.detach().reshape(-1, out.shape[-1]))
+    return hook
+
+
+def layer_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
+    """Per held-out document and decoder layer (its mixer and MLP too): the ar path's outputs (T=1 steps) against
+    the verify path's (block-wide steps) on the same teacher-forced answer tokens."""
+    engine = Engine(engine_dir, device=device)
+    target, block = engine.target, engine.block_size
+    modules = {}
+    for i, layer in enumerate(target.text.layers):
+        modules[f"layer {i}"] = layer
+        for part in ("linear_attn", "self_attn", "mlp"):
+            if hasattr(layer, part):
+                modules[f"layer {i} {part}"] = getattr(layer, part)
+    rows = []
+    for doc in docs:
+        image, answer = heldout_answer(engine, doc)
+        tokens = answer[: max(block, len(answer) // block * block)]
+        prompt = engine.processor.prepare(image)
+        outputs: dict[int, dict[str, list[torch.Tensor]]] = {}
+        for chunk in (1, block):
+            hooks = [m.register_forward_hook(_recorder(outputs.setdefault(chunk, {}), name))
+                     for name, m in modules.items()]
+            try:
+                step_logits(target, prompt, tokens, chunk)
+            finally:
+                for h in hooks:
+                    h.remove()
+        layers = []
+        for name in modules:  # the first call of each module is the prefill, the same on both paths
+            ar, verify = (torch.cat(outputs[c][name][1:]).float() for c in (1, block))
+            diff = (ar - verify).abs()
+            differing = diff.amax(-1).nonzero()
+            layers.append({"module": name, "max_abs_diff": float(diff.max()),
+                           "relative": float(diff.max() / ar.abs().max().clamp_min(1e-30)),
+                           "first_differing_position": int(differing[0]) if differing.numel() else None})
+        rows.append({"doc": doc, "tokens": len(tokens), "layers": layers})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def gate_noise(device: str, heads: int = 16, seed: int = 0) -> dict:
+    """The GDN gates (softplus, exp, sigmoid) of one token computed alone against the same token inside a
+    16-token call: CPU elementwise kernels take other code paths (vector body or scalar tail) by tensor size."""
+    from ocria.plugins.replay_ssm.reference import gdn_gates
+
+    gen = torch.Generator().manual_seed(seed)
+    a, b = (torch.randn(1, 16, heads, generator=gen).to(device) for _ in range(2))
+    A_log, dt_bias = (torch.randn(heads, generator=gen).to(device) for _ in range(2))
+    g16, beta16 = gdn_gates(a, b, A_log, dt_bias)
+    tokens_g = tokens_beta = 0
+    relative = 0.0
+    for t in range(16):
+        g1, beta1 = gdn_gates(a[:, t:t + 1], b[:, t:t + 1], A_log, dt_bias)
+        tokens_g += int(not torch.equal(g1, g16[:, t:t + 1]))
+        tokens_beta += int(not torch.equal(beta1, beta16[:, t:t + 1]))
+        for one, block in ((g1, g16[:, t:t + 1]), (beta1, beta16[:, t:t + 1])):
+            relative = max(relative, float(((one - block).abs() / block.abs().clamp_min(1e-30)).max()))
+    return {"heads": heads, "tokens": 16, "tokens_with_other_g": tokens_g, "tokens_with_other_beta": tokens_beta,
+            "max_relative_diff": relative}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="ocria-1-sim")
@@ -138,14 +212,21 @@ def main() -> int:
     ap.add_argument("--docs", type=int, nargs="+", default=[0], help="held-out document indices (with --engine)")
     ap.add_argument("--runtime", action="store_true",
                     help="with --engine: the scheduler's own spec steps against clean recomputes (runtime_noise)")
+    ap.add_argument("--layers", action="store_true",
+                    help="with --engine: where the ar and verify paths part, layer by layer (layer_noise)")
     ap.add_argument("--out", default="bench/results/path_noise_h200.json")
     args = ap.parse_args()
-    if args.runtime and not args.engine:
-        raise SystemExit("--runtime needs --engine")
+    if (args.runtime or args.layers) and not args.engine:
+        raise SystemExit("--runtime and --layers need --engine")
+    if args.runtime and args.layers:
+        raise SystemExit("--runtime and --layers are two diagnostics: choose one")
     if args.engine:
-        rows = (runtime_noise if args.runtime else engine_noise)(args.engine, args.device, args.docs)
+        measure = runtime_noise if args.runtime else layer_noise if args.layers else engine_noise
+        rows = measure(args.engine, args.device, args.docs)
         out = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": args.device,
                "engine": args.engine, "command": " ".join(["python", *sys.argv]), "rows": rows}
+        if args.layers:
+            out["gdn_gates"] = gate_noise(args.device)
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
         return 0
     preset = load_preset(args.preset)

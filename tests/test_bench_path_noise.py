@@ -1,0 +1,33 @@
+"""bench/path_noise.py --layers on the shipped bf16 engine (CPU): the ar path (T=1 steps) and the verify path
+(block-wide steps) of the same teacher-forced answer part only by fp32 rounding, in every decoder layer."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from ocria.builder.engine import build_engine
+
+BENCH = Path(__file__).parents[1] / "bench"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_layer_noise_of_the_bf16_engine_is_fp32_rounding(tmp_path):
+    path_noise = _load("path_noise")
+    engine = build_engine(tmp_path / "engine", progress=False)
+    (row,) = path_noise.layer_noise(str(engine), "cpu", [0])
+    names = [layer["module"] for layer in row["layers"]]
+    assert row["tokens"] >= 16 and row["tokens"] % 16 == 0
+    assert "layer 0" in names and "layer 0 linear_attn" in names and "layer 3 self_attn" in names
+    assert all(layer["relative"] < 1e-5 for layer in row["layers"]), row["layers"]
+    gates = path_noise.gate_noise("cpu")
+    assert gates["tokens"] == 16 and gates["max_relative_diff"] < 1e-6  # at most an ulp or two apart
