@@ -424,14 +424,18 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
     tensors = _tensors(engines["mixed"])
     config = json.loads((root / "target" / "hf_quant_config.json").read_text())
     layers = config["quantization"]["quantized_layers"]
+    gdn1, gdn2 = "model.language_model.layers.1.linear_attn", "model.language_model.layers.2.linear_attn"
     prescaled = [n for n in layers if n.endswith("mlp.down_proj")]
-    prescaled.append("model.language_model.layers.1.linear_attn.in_proj_qkv")  # in a run of GDN projections
+    # GDN projections share an input: one scale for layer 2's in_proj_qkv and in_proj_z (one GEMM, as ModelOpt's
+    # export averages them), none for layer 1's in_proj_z (a run of its own)
+    prescaled += [f"{gdn1}.in_proj_qkv", f"{gdn2}.in_proj_qkv", f"{gdn2}.in_proj_z"]
     torch.manual_seed(0)
     for name in prescaled:
         if layers[name]["quant_algo"] == "NVFP4":
             layers[name]["quant_algo"] = "NVFP4_AWQ"
         k = tensors[f"{name}.weight"].shape[1] * (2 if tensors[f"{name}.weight"].dtype == torch.uint8 else 1)
-        tensors[f"{name}.pre_quant_scale"] = (torch.rand(k) + 0.5).to(torch.bfloat16)
+        shared = tensors.get(f"{gdn2}.in_proj_qkv.pre_quant_scale") if name == f"{gdn2}.in_proj_z" else None
+        tensors[f"{name}.pre_quant_scale"] = shared.clone() if shared is not None else (torch.rand(k) + 0.5).bfloat16()
     (root / "target" / "hf_quant_config.json").write_text(json.dumps(config))
     save_file(tensors, str(root / "target" / "model.safetensors"), metadata={"format": "pt"})
     manifest = json.loads((root / MANIFEST).read_text())
@@ -449,6 +453,21 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
         scale = tensors[f"{name}.pre_quant_scale"].float()
         assert torch.equal(layer(x), layer.linear(x * scale))
     assert modules[prescaled[0]].linear.fmt == "nvfp4" and modules[prescaled[-1]].linear.fmt == "fp8"
+    from ocria.models.gdn import PROJECTIONS
+    from ocria.models.layers import project
+
+    for gdn, shapes in ((gdn1, [("PreScaledLinear", 1), ("QuantLinear", 1), ("Tensor", 2)]),
+                        (gdn2, [("PreScaledLinear", 2), ("Tensor", 2)])):
+        mixer = modules[gdn]
+        runs = mixer.__dict__["_runs"][PROJECTIONS]
+        assert [(type(ex).__name__, len(sizes)) for ex, sizes in runs] == shapes
+        x = torch.randn(2, 3, mixer.in_proj_qkv.in_features)
+        one_by_one = [getattr(mixer, n)(x) if not isinstance(getattr(mixer, n), torch.nn.Linear)
+                      else F.linear(x, getattr(mixer, n).weight) for n in PROJECTIONS]
+        for got, want in zip(project(mixer, x, PROJECTIONS), one_by_one, strict=True):
+            assert torch.equal(got, want)
+    engine.target.set_plugins(False)
+    assert modules[gdn2].__dict__["_runs"][PROJECTIONS][0][0].linear.use_kernel is False  # reaches fused ones
     out = {mode: [t for ev in engine.generate(EXAMPLE, None, SamplingParams(max_tokens=6, mode=mode))
                   for t in ev.token_ids] for mode in ("spec", "ar")}
     assert len(out["ar"]) > 0 and out["spec"] == out["ar"]

@@ -42,6 +42,29 @@ class PreScaledLinear(nn.Module):
     def out_features(self) -> int:
         return self.linear.out_features
 
+    @property
+    def use_kernel(self) -> bool | None:
+        return self.linear.use_kernel
+
+    @use_kernel.setter
+    def use_kernel(self, value: bool | None) -> None:  # the plugins switch reaches fused executors through this
+        self.linear.use_kernel = value
+
+    @property
+    def fusion_key(self) -> tuple | None:
+        """Neighbours that share an input fuse as their quantized layers do when they also share the scale
+        (ModelOpt's export gives layers with one input one averaged ``pre_quant_scale``)."""
+        key = self.linear.fusion_key
+        return None if key is None else ("pre_scaled", key, tuple(self.pre_quant_scale.tolist()))
+
+    @classmethod
+    def fuse(cls, layers: list["PreScaledLinear"], name: str = "fused") -> tuple["PreScaledLinear",
+                                                                                 list["PreScaledLinear"]]:
+        """``QuantLinear.fuse`` of the wrapped layers, under their one scale."""
+        fused, views = QuantLinear.fuse([lay.linear for lay in layers], name=name)
+        scale = layers[0].pre_quant_scale
+        return cls(fused, scale), [cls(view, scale) for view in views]
+
     def forward(self, x: Tensor) -> Tensor:
         return self.linear(x * self.pre_quant_scale.to(x.dtype))
 
