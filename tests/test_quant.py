@@ -468,6 +468,14 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
             assert torch.equal(got, want)
     engine.target.set_plugins(False)
     assert modules[gdn2].__dict__["_runs"][PROJECTIONS][0][0].linear.use_kernel is False  # reaches fused ones
+    from ocria.quant.load import QuantSwiGLU
+
+    mlp = modules[prescaled[0].removesuffix(".down_proj")]  # one gate/up GEMM and the fused SiLU before its down
+    assert isinstance(mlp, QuantSwiGLU) and isinstance(mlp.down_proj, PreScaledLinear)
+    x = torch.randn(2, 3, mlp.gate_proj.in_features)
+    from ocria.plugins.silu_quant import silu_mul
+
+    assert torch.equal(mlp(x), mlp.down_proj(silu_mul(torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1))))
     out = {mode: [t for ev in engine.generate(EXAMPLE, None, SamplingParams(max_tokens=6, mode=mode))
                   for t in ev.token_ids] for mode in ("spec", "ar")}
     assert len(out["ar"]) > 0 and out["spec"] == out["ar"]

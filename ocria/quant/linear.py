@@ -239,13 +239,14 @@ class QuantLinear(nn.Module):
         return self.forward_fp8(q, s, x.dtype)
 
 
-def mlp_forward(x: Tensor, gate_up: QuantLinear, down: QuantLinear, use_kernel: bool | None = None) -> Tensor:
+def mlp_forward(x: Tensor, gate_up: QuantLinear, down: nn.Module, use_kernel: bool | None = None) -> Tensor:
     """``down(silu(gate) * up)`` with ``gate_up`` = ``QuantLinear.concat([gate_proj, up_proj])``.
 
     An FP8 ``down_proj`` takes its FP8 input straight from the fused ``ocria::silu_mul_quant``
-    kernel (no bf16 activation round trip); other formats get the fused bf16 activation."""
+    kernel (no bf16 activation round trip); other formats, and a down_proj that scales its input first (AWQ's
+    ``PreScaledLinear``), get the fused bf16 activation."""
     gu = gate_up(x)
-    if down.fmt == "fp8":
+    if getattr(down, "fmt", None) == "fp8":
         q, s = silu_mul_quant(gu, down.act_mode, down.input_scale, use_kernel=use_kernel)
         return down.forward_fp8(q, s, x.dtype)
     h, _ = silu_mul_quant(gu, "bf16", use_kernel=use_kernel)

@@ -71,9 +71,9 @@ class PreScaledLinear(nn.Module):
 
 class QuantSwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with gate and up stacked into one quantized GEMM; ``gate_proj``
-    and ``up_proj`` stay reachable under their HF names as views of it."""
+    and ``up_proj`` stay reachable under their HF names as views of it. ``down`` may be pre-scaled (AWQ)."""
 
-    def __init__(self, gate: QuantLinear, up: QuantLinear, down: QuantLinear, name: str):
+    def __init__(self, gate: QuantLinear, up: QuantLinear, down: QuantLinear | PreScaledLinear, name: str):
         super().__init__()
         self.gate_up, (self.gate_proj, self.up_proj) = QuantLinear.fuse([gate, up], name=f"{name}.gate_up")
         self.down_proj = down
@@ -148,7 +148,8 @@ def _fuse_mlps(model: nn.Module, linears: dict[str, QuantLinear]) -> None:
     for name, module in list(model.named_modules()):
         if not isinstance(module, SwiGLU):
             continue
-        gate, up, down = (linears.get(f"{name}.{p}") for p in ("gate_proj", "up_proj", "down_proj"))
+        gate, up = (linears.get(f"{name}.{p}") for p in ("gate_proj", "up_proj"))
+        down = module.down_proj if isinstance(module.down_proj, (QuantLinear, PreScaledLinear)) else None
         if gate is None or up is None or down is None or gate.fmt != up.fmt:
             continue
         if gate.fmt == "nvfp4" and not torch.equal(gate.weight_scale_2, up.weight_scale_2):
