@@ -416,8 +416,11 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
     from safetensors.torch import save_file
 
     from ocria.manifest import MANIFEST, file_table
+    from ocria.models.gdn import PROJECTIONS
+    from ocria.models.layers import project
+    from ocria.plugins.silu_quant import silu_mul
     from ocria.quant.linear import QuantLinear
-    from ocria.quant.load import PreScaledLinear
+    from ocria.quant.load import PreScaledLinear, QuantSwiGLU
 
     root = tmp_path / "mixed-awq"
     shutil.copytree(engines["mixed"], root)
@@ -453,9 +456,6 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
         scale = tensors[f"{name}.pre_quant_scale"].float()
         assert torch.equal(layer(x), layer.linear(x * scale))
     assert modules[prescaled[0]].linear.fmt == "nvfp4" and modules[prescaled[-1]].linear.fmt == "fp8"
-    from ocria.models.gdn import PROJECTIONS
-    from ocria.models.layers import project
-
     for gdn, shapes in ((gdn1, [("PreScaledLinear", 1), ("QuantLinear", 1), ("Tensor", 2)]),
                         (gdn2, [("PreScaledLinear", 2), ("Tensor", 2)])):
         mixer = modules[gdn]
@@ -468,13 +468,9 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
             assert torch.equal(got, want)
     engine.target.set_plugins(False)
     assert modules[gdn2].__dict__["_runs"][PROJECTIONS][0][0].linear.use_kernel is False  # reaches fused ones
-    from ocria.quant.load import QuantSwiGLU
-
     mlp = modules[prescaled[0].removesuffix(".down_proj")]  # one gate/up GEMM and the fused SiLU before its down
     assert isinstance(mlp, QuantSwiGLU) and isinstance(mlp.down_proj, PreScaledLinear)
     x = torch.randn(2, 3, mlp.gate_proj.in_features)
-    from ocria.plugins.silu_quant import silu_mul
-
     assert torch.equal(mlp(x), mlp.down_proj(silu_mul(torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], -1))))
     out = {mode: [t for ev in engine.generate(EXAMPLE, None, SamplingParams(max_tokens=6, mode=mode))
                   for t in ev.token_ids] for mode in ("spec", "ar")}
