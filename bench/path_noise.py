@@ -159,10 +159,11 @@ def layer_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
     rows = []
     for doc in docs:
         image, answer = heldout_answer(engine, doc)
-        tokens = answer[: max(block, len(answer) // block * block)]
+        width = min(block, len(answer))  # an answer shorter than a block is verified as one step of its length
+        tokens = answer[: len(answer) // width * width]
         prompt = engine.processor.prepare(image)
         outputs: dict[int, dict[str, list[torch.Tensor]]] = {}
-        for chunk in (1, block):
+        for chunk in (1, width):
             hooks = [m.register_forward_hook(_recorder(outputs.setdefault(chunk, {}), name))
                      for name, m in modules.items()]
             try:
@@ -172,13 +173,13 @@ def layer_noise(engine_dir: str, device: str, docs: list[int]) -> list[dict]:
                     h.remove()
         layers = []
         for name in modules:  # the first call of each module is the prefill, the same on both paths
-            ar, verify = (torch.cat(outputs[c][name][1:]).float() for c in (1, block))
+            ar, verify = (torch.cat(outputs[c][name][1:]).float() for c in (1, width))
             diff = (ar - verify).abs()
             differing = diff.amax(-1).nonzero()
             layers.append({"module": name, "max_abs_diff": float(diff.max()),
                            "relative": float(diff.max() / ar.abs().max().clamp_min(1e-30)),
                            "first_differing_position": int(differing[0]) if differing.numel() else None})
-        rows.append({"doc": doc, "tokens": len(tokens), "layers": layers})
+        rows.append({"doc": doc, "tokens": len(tokens), "verify_width": width, "layers": layers})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
