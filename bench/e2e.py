@@ -52,7 +52,7 @@ from ocria.models import DrafterCache, TargetCache
 from ocria.models.cache import cache_tensors
 from ocria.models.config import LINEAR
 from ocria.plugins.launch import pdl_launch
-from ocria.plugins.switch import disabled_kernels, enabled_kernels
+from ocria.plugins.switch import disabled_kernels, enabled_kernels, invariance_enabled
 from ocria.quant.direct import quantize_in_place
 from ocria.quant.recipe import load_recipe
 from ocria.runtime.decode import SamplingTensors, prefill
@@ -517,6 +517,7 @@ def main() -> int:
                "torch": torch.__version__, "preset": args.preset, "plugins": args.plugins,
                "disabled_kernels": sorted(disabled_kernels()),
                "enabled_kernels": sorted(enabled_kernels()), "pdl": pdl_launch(torch.device("cuda")),
+               "batch_invariant": invariance_enabled(),
                "recipe": args.recipe,
                "quantized_layers": {f: list(formats.values()).count(f) for f in set(formats.values())},
                "fused_projections": not args.no_fuse, "draft_vocab_size": drafter.config.draft_vocab_size,

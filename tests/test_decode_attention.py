@@ -14,6 +14,7 @@ import torch
 from ocria.errors import OcriaError
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
+from ocria.plugins.switch import batch_invariant_rows
 
 if "ocria.plugins.decode_attention.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.decode_attention.kernel"])
@@ -52,6 +53,25 @@ def test_a_token_gets_the_same_result_alone_or_in_a_block():
     for t in (0, 7, 15):
         alone = decode_attention_triton(q[:, :, t:t + 1], k, v, slots, start + t, 200, 0.2)
         torch.testing.assert_close(alone[:, :, 0], block[:, :, t], rtol=1e-6, atol=1e-6)
+
+
+def test_a_batch_invariant_step_chunks_by_length_only():
+    """Inside ``batch_invariant_rows()``: 32-key chunks whatever the batch or length bound, always combined. A
+    row's bits do not depend on the other rows or on how many chunks the launch has (22 here, two groups of the
+    combine, against the 13 or so of a batch of one whose bound is its own context), and a token alone agrees
+    with its row in the block (up to the interpreter's matmul, which may round a row by its position)."""
+    q, k, v, slots, start = _case(T=16, L=700, seed=5)
+    with batch_invariant_rows():
+        block = decode_attention(q, k, v, slots, start, 700, 0.2, use_kernel=True)
+        for b in range(3):
+            own = int(start[b]) + 16
+            one = decode_attention(q[b:b + 1], k, v, slots[b:b + 1], start[b:b + 1], own, 0.2, use_kernel=True)
+            assert torch.equal(one[0], block[b])
+        for t in (0, 9, 15):
+            alone = decode_attention(q[:, :, t:t + 1], k, v, slots, start + t, 700, 0.2, use_kernel=True)
+            torch.testing.assert_close(alone[:, :, 0], block[:, :, t], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(block, decode_attention_reference(q, k, v, slots, start, 700, 0.2), rtol=1e-5,
+                               atol=1e-5)  # fmt: skip
 
 
 def test_long_chunks_take_the_reference_and_bad_shapes_are_refused():

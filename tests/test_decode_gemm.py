@@ -33,6 +33,7 @@ from ocria.plugins.decode_gemm import (  # noqa: E402
 )
 from ocria.plugins.rms_norm.reference import add_rms_norm_reference, rms_norm_reference  # noqa: E402
 from ocria.plugins.rounding import widen_e4m3  # noqa: E402
+from ocria.plugins.switch import batch_invariant_rows  # noqa: E402
 
 CONFIGS = {
     "columns": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": False},
@@ -86,6 +87,23 @@ def test_rows_are_batch_invariant(cfg):
     assert torch.equal(decode_gemm_triton(x.flip(0), w, b, config=CONFIGS[cfg]).flip(0), full)
 
 
+@pytest.mark.parametrize("cfg", ["columns", "split_k2_swap_ab"])
+def test_more_than_16_rows_run_as_16_row_tiles_with_the_same_bits(cfg):
+    """40 rows (three row tiles, the last one partial) through the kernel: each row has the bits it has alone,
+    also with split-K, whose partials of every row tile are summed apart."""
+    x, w, b = _case(M=40, bias=True, seed=11)
+    full = decode_gemm_triton(x, w, b, config=CONFIGS[cfg])
+    assert int(_ulps(full, decode_gemm_fp32(x, w, b)).max()) <= 1
+    for m in (0, 17, 39):
+        assert torch.equal(decode_gemm_triton(x[m:m + 1], w, b, config=CONFIGS[cfg])[0], full[m])
+    q, scale = torch.randn(40, 320).to(torch.float8_e4m3fn), torch.rand(40, 1) + 0.5
+    fp8 = decode_gemm_fp8_triton(q, w.to(torch.float8_e4m3fn), scale, torch.tensor(0.5), config=CONFIGS[cfg])
+    for m in (5, 33):
+        alone = decode_gemm_fp8_triton(q[m:m + 1], w.to(torch.float8_e4m3fn), scale[m:m + 1], torch.tensor(0.5),
+                                       config=CONFIGS[cfg])  # fmt: skip
+        assert torch.equal(alone[0], fp8[m])
+
+
 def test_split_k_leaves_its_counters_at_zero_and_repeats_bit_for_bit():
     """The tile's last program resets its counter, so the next call (any shape) starts clean."""
     from ocria.plugins.splitk import _SCRATCH
@@ -129,6 +147,8 @@ def test_strided_rows_and_leading_dims():
 def test_more_rows_take_the_reference_and_the_switch_off_is_f_linear():
     x, w, b = _case(M=MAX_M + 1, K=64, N=32, seed=4, bias=True)
     assert torch.equal(decode_gemm(x, w, b, use_kernel=True), decode_gemm_reference(x, w, b))
+    with batch_invariant_rows():  # a verify step's rows: the kernel, in 16-row tiles
+        assert torch.equal(decode_gemm(x, w, b, use_kernel=True), decode_gemm_triton(x, w, b))
     assert torch.equal(decode_gemm(x[:4], w, b, use_kernel=False), decode_gemm_reference(x[:4], w, b))
     assert torch.equal(decode_gemm(x[:4], w, b), decode_gemm_reference(x[:4], w, b))  # None on CPU: reference
 
@@ -143,7 +163,6 @@ def test_empty_rows():
     (64, 40, torch.bfloat16, None, 2, "multiples of 16"),
     (64, 32, torch.float32, None, 2, "bf16 only"),
     (64, 32, torch.bfloat16, (31,), 2, "bias"),
-    (64, 32, torch.bfloat16, None, 17, "at most 16"),
 ])  # fmt: skip
 def test_bad_shapes_are_refused(K, N, dtype, bias_shape, rows, match):
     x = torch.randn(rows, K).to(dtype)

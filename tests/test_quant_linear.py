@@ -14,6 +14,7 @@ from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
 from ocria.plugins.fp4_gemm.kernel import default_config, nvfp4_gemm_triton
 from ocria.plugins.silu_quant import silu_mul
+from ocria.plugins.switch import batch_invariant_rows
 from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
 
 
@@ -108,6 +109,23 @@ def test_nvfp4_gemv_runs_for_one_row_unless_set_aside(monkeypatch):
     assert torch.equal(nvfp4_gemm_triton(x[:1], packed, scales, gs), mma)
     assert len(launches) == 1
     torch.testing.assert_close(one.float(), two[:1].float(), rtol=8e-3, atol=1e-3 * two.float().abs().max().item())
+
+
+def test_nvfp4_rows_are_batch_invariant_in_a_verify_step(monkeypatch):
+    """Inside ``batch_invariant_rows()``: no GEMV for one row and the 16-row tiles at every M (40 rows are three
+    row tiles), so each row has the same bits alone or among 40, whose own default would be 64-row tiles."""
+    from ocria.plugins.fp4_gemm import kernel
+
+    monkeypatch.setattr(kernel, "nvfp4_gemv_launch", lambda *a, **kw: pytest.fail("GEMV in a batch-invariant step"))
+    packed, scales, gs = _nvfp4_weight(4112, 48, seed=9)
+    x = torch.randn(40, 48, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    assert default_config(40, 4112)["BLOCK_M"] != default_config(1, 4112)["BLOCK_M"]
+    with batch_invariant_rows():
+        full = nvfp4_gemm_triton(x, packed, scales, gs)
+        for m in (0, 21, 39):
+            assert torch.equal(nvfp4_gemm_triton(x[m:m + 1], packed, scales, gs)[0], full[m])
+    torch.testing.assert_close(full.float(), nvfp4_gemm_reference(x, packed, scales, gs).float(), rtol=8e-3,
+                               atol=1e-3 * full.float().abs().max().item())  # fmt: skip
 
 
 def test_nvfp4_gemm_rejects_mismatched_weight():

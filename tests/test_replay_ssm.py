@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ocria.errors import OcriaError
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.ops import causal_conv_verify, kernel_enabled, replay_verify
+from ocria.plugins.switch import batch_invariant_rows
 
 if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
@@ -135,6 +136,59 @@ def test_replay_matches_float64_recurrence(use_kernel, dtype, seed):
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
         n_checked += 1
     assert n_checked > 20
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_batch_invariant_kernel_matches_float64_recurrence(dtype):
+    """The sequential kernel of batch-invariant steps, over T = 1 and T > 1 with 0, 1 and several pending tokens,
+    several column tiles per head (Dv = 64) and GQA."""
+    out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    seen = []
+    ts = [1, 6, 1, 5, 1, 1, 4]
+    with batch_invariant_rows():
+        for name, got, want in _run(True, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts,
+                                    pending_seen=seen):  # fmt: skip
+            tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
+    assert {min(n, 2) for T, n in seen if T > 1} == {0, 1, 2}
+
+
+def test_batch_invariant_block_gives_each_token_its_one_token_bits():
+    """A verify block of 6 tokens for two sequences, against the second sequence's tokens decoded alone one by
+    one: the same output bits, and after folding, the same state bits. The WY chunk path rounds differently."""
+    Hk, Hv, Dk, Dv, Tmax, T = 1, 2, 16, 32, 8, 6
+    gen = torch.Generator().manual_seed(12)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q, k, v, a, b = r(2, T, Hk, Dk), r(2, T, Hk, Dk), r(2, T, Hv, Dv), r(2, T, Hv), r(2, T, Hv)
+    A_log, dt_bias, state0 = r(Hv) - 2, r(Hv), r(3, Hv, Dk, Dv) * 0.1
+    slots = torch.tensor([2, 0])
+
+    def fresh():
+        return [state0.clone(), torch.zeros(3, 2, Tmax, Hk, Dk), torch.zeros(3, 2, Tmax, Hv, Dv),
+                torch.zeros(3, 2, Tmax, Hv), torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)]
+
+    def step(buf, rows, t0, t1, sl):
+        o = replay_verify(q[rows, t0:t1], k[rows, t0:t1], v[rows, t0:t1], a[rows, t0:t1], b[rows, t0:t1], A_log,
+                          dt_bias, *buf, sl, use_kernel=True)  # fmt: skip
+        buf[4][sl] ^= 1
+        buf[5][sl] = t1 - t0  # all accepted
+        return o
+
+    with batch_invariant_rows():
+        blocked, alone = fresh(), fresh()
+        block = step(blocked, slice(0, 2), 0, T, slots)
+        ones = torch.cat([step(alone, slice(1, 2), t, t + 1, slots[1:]) for t in range(T)], 1)
+        assert torch.equal(ones[0], block[1])
+        empty = (slice(0, 0), 0, 0, slots[:0])
+        step(blocked, *empty), step(alone, *empty)
+        last = slots[1:]
+        for buf in (blocked, alone):  # one more token each, folding the pending ones in the kernel
+            buf[5][last] = torch.tensor([T if buf is blocked else 1], dtype=torch.int32)
+        assert torch.equal(step(blocked, slice(1, 2), 0, 1, last), step(alone, slice(1, 2), 0, 1, last))
+        assert torch.equal(blocked[0][2], alone[0][2])
+    chunked = step(fresh(), slice(0, 2), 0, T, slots)
+    assert not torch.equal(chunked, block)
+    torch.testing.assert_close(chunked, block, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("block_v", [16, 32])

@@ -1,6 +1,9 @@
 """The plugins' one switch: which implementation of a custom kernel runs."""
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 
 import torch
@@ -56,3 +59,36 @@ def kernel_enabled(device: torch.device, use_kernel: bool | None = None, name: s
         if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") != "1":
             raise OcriaError(f"plugin kernel on {device.type} needs CUDA, or CPU with TRITON_INTERPRET=1")
     return use_kernel
+
+
+# Batch invariance: inside ``batch_invariant_rows()`` (the runtime enters it for a decode or verify step's target
+# forward) the kernels compute every row the same way whatever else shares the launch: the decode GEMMs take any
+# row count in 16-row tiles (no cuBLAS, no NVFP4 GEMV), attention splits every context into fixed 32-key chunks
+# and ReplaySSM runs the tokens of a verify block one after another with the code of a one-token step. A token
+# verified inside a block then gets the logits it gets decoded alone, so ``spec`` returns ``ar``'s tokens bit for
+# bit, not only up to near-ties. OCRIA_BATCH_INVARIANT=0 turns it off (the faster per-shape kernel choices).
+INVARIANT_ENV = "OCRIA_BATCH_INVARIANT"
+_INVARIANT_ROWS: ContextVar[bool] = ContextVar("ocria_batch_invariant_rows", default=False)
+
+
+def invariance_enabled() -> bool:
+    """Whether ``OCRIA_BATCH_INVARIANT`` leaves batch invariance on (the default; ``0`` turns it off)."""
+    value = os.environ.get(INVARIANT_ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise OcriaError(f"{INVARIANT_ENV}={value!r}: use 1 (batch-invariant decode steps, the default) or 0")
+    return value == "1"
+
+
+@contextmanager
+def batch_invariant_rows() -> Iterator[None]:
+    """Within: ``batch_invariant()`` is true (unless ``OCRIA_BATCH_INVARIANT=0``)."""
+    token = _INVARIANT_ROWS.set(invariance_enabled())
+    try:
+        yield
+    finally:
+        _INVARIANT_ROWS.reset(token)
+
+
+def batch_invariant() -> bool:
+    """Whether the current call is inside ``batch_invariant_rows()`` with invariance on."""
+    return _INVARIANT_ROWS.get()

@@ -7,6 +7,10 @@ A decode step for rows ``slots`` whose last token (not yet seen by the target) i
   samples its own token y_j at every position; drafts are accepted while they equal y_j, plus the
   bonus y_n. Tokens are position-keyed (``sampling.sample``), so the output equals ``ar``'s.
 
+The target runs both inside ``batch_invariant_rows()``: its kernels then compute a token's logits the same way
+in a 16-token verify block of many sequences as in a one-token step alone, so ``spec``'s greedy tokens are
+``ar``'s bit for bit (``OCRIA_BATCH_INVARIANT=0``: faster kernels, equal up to floating-point near-ties).
+
 Both then commit the kept prefix with one cursor move (``TargetCache.commit``); ``spec`` also
 injects the kept tokens' target features into the drafter's context.
 """
@@ -17,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
+from ocria.plugins.switch import batch_invariant_rows
 from ocria.runtime.processor import PreparedPrompt
 from ocria.runtime.sampling import sample
 
@@ -85,10 +90,11 @@ def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter |
     index = tcache.kv_len[slots].long()[:, None] + torch.arange(T, device=slots.device)
     positions = (index + tcache.rope_delta[slots][:, None]).expand(3, B, T)
     capture = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-    hidden, feats = target.forward_cached(target.text.embed_tokens(block), positions, tcache, slots, "verify",
-                                          capture=capture, attn_len=attn_len + T)
-    tokens = sample(target.logits(hidden), params.temperature, params.top_p, params.top_k, params.seed, index + 1,
-                    all_greedy)
+    with batch_invariant_rows():  # a token's logits do not depend on the block or batch it is computed in
+        hidden, feats = target.forward_cached(target.text.embed_tokens(block), positions, tcache, slots, "verify",
+                                              capture=capture, attn_len=attn_len + T)
+        logits = target.logits(hidden)
+    tokens = sample(logits, params.temperature, params.top_p, params.top_k, params.seed, index + 1, all_greedy)
     if drafter is None:
         accepted = torch.zeros(B, dtype=torch.long, device=slots.device)
         proposed = accepted

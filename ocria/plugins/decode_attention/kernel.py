@@ -12,7 +12,9 @@ attention length and ``B * Hkv`` (one wave of programs), and is 1 (no combine la
 Chunks start at multiples of the chunk length and the key loop at multiples of BN, and the
 query-row tile is the same for every T up to 16, so for a given chunk count (a function of
 ``attn_len`` and ``B * Hkv``, never of T) a token decoded alone (``ar``) and inside a verify block
-runs the same arithmetic.
+runs the same arithmetic. In a batch-invariant step (``ocria.plugins.switch.batch_invariant``) the
+chunks are ``INVARIANT_CHUNK`` keys whatever the length or batch, and always combined: a query's
+result then depends on its own context only, not on the block or batch it came in.
 """
 
 from functools import lru_cache
@@ -25,11 +27,14 @@ from torch import Tensor
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
+from ocria.plugins.switch import batch_invariant
 
 MAX_T = 16  # decode and verify blocks; longer (prefill) chunks take the reference
 BN = 32  # keys per loop step
 MIN_CHUNK = BN  # keys per chunk at least: one loop step (at small batch a program's time is its loop's latency)
-MAX_SPLITS = 64  # the combine kernel holds [splits, D] partials of one query row in registers
+MAX_SPLITS = 64  # chunks per context at most, outside batch-invariant steps
+COMBINE_GROUP = 16  # partials the combine kernel reduces at once
+INVARIANT_CHUNK = MIN_CHUNK  # keys per chunk in a batch-invariant step, whatever the batch or the length
 # Token counts, lengths and chunking are runtime values: one compiled kernel per head shape, not per
 # attention-length bucket or T.
 RUNTIME_INTS = ["T", "attn_len", "chunk", "n_split"]
@@ -102,23 +107,34 @@ def _decode_attention_kernel(
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def _combine_kernel(
     m_ptr, l_ptr, acc_ptr, start_ptr, o_ptr, T, H, attn_len, chunk, n_split,
-    D: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr, AS_BITS: tl.constexpr, PDL: tl.constexpr,
+    D: tl.constexpr, BD: tl.constexpr, G: tl.constexpr, AS_BITS: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """One program per (row, new token) x query head: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s."""
+    """One program per (row, new token) x query head: out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+
+    The chunks go in groups of G: each group's weighted sum is one reduction of a fixed [G, D] shape and the
+    groups add up in order. A chunk past a query row's context holds m = -inf, l = 0, acc = 0 (exact zeros once
+    weighted), as does a masked lane, so the row's result does not depend on how many chunks the launch has."""
     pdl_enter(PDL)
     bt, head = tl.program_id(0), tl.program_id(1)
     start = tl.load(start_ptr + bt // T).to(tl.int32)
     used = tl.cdiv(tl.minimum(attn_len, start + T), chunk)  # chunks phase one wrote for this row
-    s = tl.arange(0, BS)
-    ms = s < used
-    part = (bt.to(tl.int64) * H + head) * n_split + s
-    m = tl.load(m_ptr + part, mask=ms, other=float("-inf"))
-    w = tl.exp(m - tl.max(m, 0))  # chunk 0 holds key 0, which every query sees: the max is finite
-    l_sum = tl.sum(tl.load(l_ptr + part, mask=ms, other=0) * w, 0)
+    base = (bt.to(tl.int64) * H + head) * n_split
+    s = tl.arange(0, G)
+    m_max = tl.full([G], float("-inf"), tl.float32)
+    for g0 in range(0, used, G):
+        m_max = tl.maximum(m_max, tl.load(m_ptr + base + g0 + s, mask=g0 + s < used, other=float("-inf")))
+    m_all = tl.max(m_max, 0)  # chunk 0 holds key 0, which every query sees: the max is finite
     d = tl.arange(0, BD)
     md = d < D
-    acc = tl.load(acc_ptr + part[:, None] * D + d[None, :], mask=ms[:, None] & md[None, :], other=0)
-    out = tl.sum(acc * w[:, None], 0) / l_sum
+    l_sum = 0.0
+    acc = tl.zeros([BD], tl.float32)
+    for g0 in range(0, used, G):
+        ms = g0 + s < used
+        w = tl.exp(tl.load(m_ptr + base + g0 + s, mask=ms, other=float("-inf")) - m_all)
+        l_sum += tl.sum(tl.load(l_ptr + base + g0 + s, mask=ms, other=0) * w, 0)
+        part = tl.load(acc_ptr + (base + g0 + s)[:, None] * D + d[None, :], mask=ms[:, None] & md[None, :], other=0)
+        acc += tl.sum(part * w[:, None], 0)
+    out = acc / l_sum
     o_ptrs = o_ptr + (bt.to(tl.int64) * H + head) * D + d
     if AS_BITS:
         tl.store(o_ptrs, bf16_bits(out), mask=md)
@@ -177,16 +193,21 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     if B == 0 or T == 0:
         return out.transpose(1, 2)
-    if num_splits is None:
-        num_splits = split_count(B * Hkv, attn_len, sm_count(q.device))
-    chunk, n_split = chunking(attn_len, num_splits)
+    invariant = num_splits is None and batch_invariant()
+    if invariant:  # chunking independent of the batch and the length, and always combined the same way
+        chunk, n_split = INVARIANT_CHUNK, triton.cdiv(attn_len, INVARIANT_CHUNK)
+    else:
+        if num_splits is None:
+            num_splits = split_count(B * Hkv, attn_len, sm_count(q.device))
+        chunk, n_split = chunking(attn_len, num_splits)
+    split = n_split > 1 or invariant
     BM = max(16, triton.next_power_of_2(MAX_T * rep))
     BD = max(16, triton.next_power_of_2(D))
     # The interpreter has no bf16 arithmetic: there bf16 travels as int16 bits and is computed in fp32.
     as_bits = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     q_, k_, v_, out_ = (bf16_as_int16(t) if as_bits else t for t in (q, k_cache, v_cache, out))
     slots, start = slots.contiguous(), start.contiguous()
-    if n_split > 1:  # one workspace: each chunk's acc [D], max and sum per query row
+    if split:  # one workspace: each chunk's acc [D], max and sum per query row
         parts = B * T * H * n_split
         ws = torch.empty(parts * (D + 2), dtype=torch.float32, device=q.device)
         acc, m, lsum = ws.split([parts * D, parts, parts])
@@ -196,14 +217,13 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
         q_, k_, v_, slots, start, acc, m, lsum,
         q.stride(0), q.stride(1), q.stride(2), *k_cache.stride()[:3], *v_cache.stride()[:3],
         T, H, attn_len, scale, chunk, n_split,
-        REP=rep, D=D, BD=BD, BM=BM, BN=BN, CAUSAL=causal_block, SPLIT=n_split > 1,
+        REP=rep, D=D, BD=BD, BM=BM, BN=BN, CAUSAL=causal_block, SPLIT=split,
         PREC="ieee" if q.dtype == torch.float32 or as_bits else "tf32", AS_BITS=as_bits,
         num_warps=8 if BM * D >= 64 * 128 else 4, **pdl_args(q.device),
     )  # fmt: skip
-    if n_split > 1:
-        BS = max(2, triton.next_power_of_2(n_split))
+    if split:
         _combine_kernel[(B * T, H)](
             m, lsum, acc, start, out_, T, H, attn_len, chunk, n_split,
-            D=D, BD=BD, BS=BS, AS_BITS=as_bits, num_warps=8 if BS * BD >= 8192 else 4, **pdl_args(q.device),
+            D=D, BD=BD, G=COMBINE_GROUP, AS_BITS=as_bits, num_warps=4, **pdl_args(q.device),
         )  # fmt: skip
     return out.transpose(1, 2)

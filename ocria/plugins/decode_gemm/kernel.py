@@ -32,7 +32,9 @@ Batch invariance: the row tile is always 16 rows (padded, masked) and the config
 (N, K) only, never on M, so every row runs the same instruction sequence and the same reduction order
 over K, and an MMA computes each output element from its own row alone. Row m's output is therefore
 bit-identical whether it is decoded alone (M = 1) or inside a 16-row verify block, whatever the other
-rows hold.
+rows hold. More than 16 rows run as 16-row tiles (a third grid dimension), each exactly as a 16-row call:
+the op sends them here inside ``batch_invariant_rows()`` (verify blocks of several sequences); elsewhere
+(prefill) cuBLAS is faster at that size.
 """
 
 import torch
@@ -86,9 +88,12 @@ def _decode_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr,
 ):  # fmt: skip
     ON_GPU: tl.constexpr = not AS_BITS
-    pid = tl.program_id(0)
+    # Row tiles (more than 16 rows: batch-invariant steps) vary fastest, so the programs that share a weight
+    # slab run side by side and read it from L2 after the first.
+    row_tile = tl.program_id(0)
     split = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
+    pid = tl.program_id(2)
+    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:  # no kernel writes the weights: pull this program's first K lines toward L2 while the one before drains
         pf_k = tl.minimum(split * K_SPLIT + tl.arange(0, PF_LINES) * 64, K - 1)  # one address per 128-byte line
@@ -150,7 +155,8 @@ def _decode_gemm_kernel(
         _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32,
                   FP8, SX_ROWS, SW_COLS)
     else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
-        last, total = sum_splits(acc, ws_ptr, count_ptr, pid, split, SPLIT_K, BLOCK_M, BLOCK_N)
+        tile = pid * tl.num_programs(0) + row_tile
+        last, total = sum_splits(acc, ws_ptr, count_ptr, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
         if last:
             _epilogue(total, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS,
                       OUT_F32, FP8, SX_ROWS, SW_COLS)
@@ -180,7 +186,7 @@ def _kernel_for(device: torch.device):
 
 
 def check_shapes(x: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dtype = torch.bfloat16) -> None:
-    """The kernel's contract, as one-line errors: x [..., K] with at most MAX_M rows and weight [N, K] in
+    """The kernel's contract, as one-line errors: x [..., K] (any row count) and weight [N, K] in
     ``dtype`` (bf16, or float8 E4M3 for the FP8 form), K and N multiples of 16, optional bf16 bias [N]."""
     if x.dtype != dtype or weight.dtype != dtype or (bias is not None and bias.dtype != torch.bfloat16):
         only = "bf16 only" if dtype == torch.bfloat16 else f"{dtype} x and weight, bf16 bias"
@@ -192,15 +198,13 @@ def check_shapes(x: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dt
     N, K = weight.shape
     if K % 16 or N % 16:
         raise OcriaError(f"decode_gemm kernel: weight [N={N}, K={K}]: N and K must be multiples of 16")
-    if x.numel() // max(K, 1) > MAX_M:
-        raise OcriaError(f"decode_gemm kernel: {x.numel() // K} rows, at most {MAX_M}")
     if bias is not None and tuple(bias.shape) != (N,):
         raise OcriaError(f"decode_gemm kernel: bias {tuple(bias.shape)}, expected ({N},)")
 
 
 def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, config: dict | None = None,
                        out_fp32: bool = False) -> Tensor:
-    """``x @ weight.T (+ bias)`` for x [..., K] with at most MAX_M rows, fp32 accumulation, one bf16
+    """``x @ weight.T (+ bias)`` for x [..., K] (16-row tiles), fp32 accumulation, one bf16
     rounding (none with ``out_fp32``: the fp32 sums, as logits want them); ``config`` (keys of
     ``default_config``) overrides the shape's default."""
     check_shapes(x, weight, bias)
@@ -209,8 +213,8 @@ def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, co
 
 def decode_gemm_fp8_triton(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
                            config: dict | None = None) -> Tensor:
-    """``(q * x_scale) @ (weight * w_scale).T (+ bias)`` in bf16 for float8 E4M3 ``q`` [..., K] (at most MAX_M
-    rows) and ``weight`` [N, K]; ``x_scale`` fp32, one per tensor or per row ([..., 1]), ``w_scale`` fp32, one
+    """``(q * x_scale) @ (weight * w_scale).T (+ bias)`` in bf16 for float8 E4M3 ``q`` [..., K] (16-row
+    tiles) and ``weight`` [N, K]; ``x_scale`` fp32, one per tensor or per row ([..., 1]), ``w_scale`` fp32, one
     per tensor or per column ([N])."""
     check_shapes(q, weight, bias, torch.float8_e4m3fn)
     rows, N = q.numel() // q.shape[-1], weight.shape[0]
@@ -264,9 +268,10 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     cfg = config or default_config(N, K)
     if norm and cfg.get("split_k", 1) != 1:
         raise OcriaError("decode_gemm_norm kernel: split_k must be 1 (each program needs the whole row for rstd)")
-    split_k, tiles = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"])
+    split_k, tiles, row_tiles = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"]), triton.cdiv(M, BLOCK_M)
     k_split = triton.cdiv(triton.cdiv(K, split_k), cfg["block_k"]) * cfg["block_k"]
-    ws, count = scratch(x.device, tiles * split_k * BLOCK_M * cfg["block_n"], tiles) if split_k > 1 else (out, out)
+    ws, count = (scratch(x.device, row_tiles * tiles * split_k * BLOCK_M * cfg["block_n"], row_tiles * tiles)
+                 if split_k > 1 else (out, out))
     # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
     as_bits = x.device.type == "cpu"
     x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None and t.dtype == torch.bfloat16 else t
@@ -274,7 +279,7 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     if fp8 and as_bits:  # float8 bytes as uint8: the interpreter decodes them (``widen_e4m3``)
         x_, w_ = x2.view(torch.uint8), weight.view(torch.uint8)
     b_ = bf16_as_int16(bias.contiguous()) if bias is not None and as_bits else bias
-    _kernel_for(x.device)[(tiles, split_k)](
+    _kernel_for(x.device)[(row_tiles, split_k, tiles)](
         x_, w_, b_ if bias is not None else out_, out_, ws, count, r_ if r_ is not None else out_,
         nw_ if norm else out_, s_ if norm else out_, scales[0] if fp8 else out_, scales[1] if fp8 else out_, eps,
         M, N, K, k_split,

@@ -1,21 +1,21 @@
 """``torch.library`` operator ``ocria::decode_gemm`` and the function callers use. ``use_kernel`` is the
 plugins' switch (None: the Triton kernel on CUDA tensors, the reference elsewhere; True on CPU runs the
-kernel in Triton's interpreter); what the kernel does not take (more than MAX_M rows as in prefill,
-other dtypes than bf16, N or K not a multiple of 16) runs the reference ``F.linear``."""
+kernel in Triton's interpreter); what the kernel does not take (more than MAX_M rows outside a batch-invariant
+step, as in prefill; other dtypes than bf16, N or K not a multiple of 16) runs the reference ``F.linear``."""
 
 import torch
 from torch import Tensor
 
 from ocria.plugins.decode_gemm.kernel import MAX_M, decode_gemm_fp8_triton, decode_gemm_norm_triton, decode_gemm_triton
 from ocria.plugins.decode_gemm.reference import decode_gemm_reference
-from ocria.plugins.switch import kernel_enabled
+from ocria.plugins.switch import batch_invariant, kernel_enabled
 
 
 def _kernel_takes(x: Tensor, weight: Tensor, dtype: torch.dtype = torch.bfloat16) -> bool:
-    """The kernel's shapes: x [..., K] of at most MAX_M rows and weight [N, K] in ``dtype`` (bf16, or E4M3 for
-    the FP8 form), N and K multiples of 16."""
+    """The kernel's shapes: x [..., K] of at most MAX_M rows (any number in a batch-invariant step) and weight
+    [N, K] in ``dtype`` (bf16, or E4M3 for the FP8 form), N and K multiples of 16."""
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (rows <= MAX_M and x.dtype == weight.dtype == dtype and weight.dim() == 2
+    return ((rows <= MAX_M or batch_invariant()) and x.dtype == weight.dtype == dtype and weight.dim() == 2
             and weight.shape[0] % 16 == 0 and weight.shape[1] % 16 == 0)
 
 
@@ -32,7 +32,8 @@ def _(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_fp32: bool = Fa
 def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kernel: bool | None = None,
                 out_fp32: bool = False) -> Tensor:
     """``F.linear(x, weight, bias)`` for x [..., K] bf16, weight [N, K] (with ``out_fp32`` the fp32 sums, not
-    rounded: logits); up to MAX_M rows in one launch whose rows are batch invariant (see ``kernel``);
+    rounded: logits); up to MAX_M rows (any number in ``batch_invariant_rows()``) in one launch whose rows are batch
+    invariant (see ``kernel``);
     anything else through the reference."""
     if _kernel_takes(x, weight) and kernel_enabled(x.device, use_kernel, "decode_gemm"):
         return torch.ops.ocria.decode_gemm(x, weight, bias, out_fp32)
@@ -78,8 +79,8 @@ def _(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor 
 def decode_gemm_fp8(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
                     use_kernel: bool | None = None) -> Tensor | None:
     """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in bf16 in one decode-GEMM launch, when the
-    kernel takes the call (E4M3 q of at most MAX_M rows, N and K multiples of 16, CUDA, ``decode_gemm_fp8`` not in
-    ``OCRIA_DISABLE_KERNELS``); None otherwise, and the caller runs ``_scaled_mm``."""
+    kernel takes the call (E4M3 q of at most MAX_M rows or a batch-invariant step, N and K multiples of 16, CUDA,
+    ``decode_gemm_fp8`` not in ``OCRIA_DISABLE_KERNELS``); None otherwise, and the caller runs ``_scaled_mm``."""
     if _kernel_takes(q, weight, torch.float8_e4m3fn) and kernel_enabled(q.device, use_kernel, "decode_gemm_fp8"):
         return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias)
     return None

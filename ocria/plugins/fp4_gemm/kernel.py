@@ -1,6 +1,8 @@
 """Triton NVFP4 weight-only GEMM for decode-sized M: bf16 activations x packed E2M1 weights.
 One-row calls (M = 1, no explicit config) run ``gemv`` on the CUDA cores instead, unless ``nvfp4_gemv`` is
-set aside in ``OCRIA_DISABLE_KERNELS``, or x is not 8-byte aligned (the GEMV reads it as int64 words).
+set aside in ``OCRIA_DISABLE_KERNELS``, or x is not 8-byte aligned (the GEMV reads it as int64 words). In a
+batch-invariant step (``ocria.plugins.switch.batch_invariant``) every call takes the 16-row configuration of its
+width, whatever M, so a row's sums do not depend on how many rows share the launch.
 
 Exactness: an E2M1 value has at most 2 significant bits and an E4M3 block scale at most 4, so
 ``e2m1 * block_scale * 2^-26`` is exact in bf16 (normal range: 2^-36 .. 2^12). Each K tile is
@@ -41,7 +43,7 @@ from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
 from ocria.plugins.rounding import bf16_bits
 from ocria.plugins.splitk import scratch, sum_splits
-from ocria.plugins.switch import disabled_kernels
+from ocria.plugins.switch import batch_invariant, disabled_kernels
 
 
 @triton.jit
@@ -51,7 +53,7 @@ def _store_bf16(acc, g_ptr, y_ptr, rm, rn, mmask, nmask, stride_ym):
     tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], bits, mask=mmask[None, :] & nmask[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one binary for every row count: rows stay batch invariant
 def _nvfp4_gemm_kernel(
     x_ptr, w_ptr, s_ptr, g_ptr, y_ptr, ws_ptr, count_ptr,
     M, N, K, K_SLICE, stride_xm, stride_wn, stride_sn, stride_ym,
@@ -210,10 +212,12 @@ def nvfp4_gemm_triton(
     g = weight_scale_2.to(device=x.device, dtype=torch.float32).reshape(1)
     # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack with integers
     ptx = x.device.type == "cuda" and capability(x.device.index) >= (8, 9) and "nvfp4_ptx" not in disabled_kernels()
-    if M == 1 and config is None and "nvfp4_gemv" not in disabled_kernels() and x2.data_ptr() % 8 == 0:
+    invariant = batch_invariant()  # every row count takes the 16-row tiles of a one-row call, no GEMV
+    if (M == 1 and config is None and not invariant and "nvfp4_gemv" not in disabled_kernels()
+            and x2.data_ptr() % 8 == 0):
         nvfp4_gemv_launch(x2, weight, weight_scale, g, y, ptx, pdl_args(x.device))  # x read as int64 words
         return y.reshape(*x.shape[:-1], N)
-    cfg = {"SPLIT_K": 1, "SLICES": 1, **(config or default_config(M, N))}
+    cfg = {"SPLIT_K": 1, "SLICES": 1, **(config or default_config(1 if invariant else M, N))}
     if cfg["SLICES"] < 1:
         raise ValueError(f"nvfp4_gemm config SLICES={cfg['SLICES']}: K is cut over 1 or more programs")
     grid = (triton.cdiv(N, cfg["BLOCK_N"]), triton.cdiv(M, cfg["BLOCK_M"]), cfg["SLICES"])

@@ -28,6 +28,11 @@ decoding) is verified with two row reductions of the state, and a slot with noth
 state write. ``launch_config`` narrows the column tile for small batches so the grid still covers
 the SMs, and caps registers when the grid is deep.
 
+In a batch-invariant step (``ocria.plugins.switch.batch_invariant``) ``_replay_sequential_kernel`` runs instead:
+pending tokens folded and new tokens verified one at a time, with the one-token code above, in one binary for
+every T and one tile shape for every batch. Slower for long blocks (T dependent steps), but a token's output is
+then the same bits whether it was verified in a block or decoded alone, which the WY chunk does not give.
+
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
 writes what another one reads; each shared k/g entry has one writer (T = 1: the tile-0 program; T > 1:
 the prep kernel, which the verify kernel runs after).
@@ -44,6 +49,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.switch import batch_invariant
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
 # products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (H200
@@ -57,6 +63,9 @@ PREFETCH_MAX_BLOCK_V = 16
 # The prep kernel's work is [T, T] matrices: with few warps its reductions stay inside a warp (shuffles, no
 # shared-memory round trips), which is what its latency is made of.
 PREP_WARPS = 2
+# Batch-invariant steps (``_replay_sequential_kernel``): value columns per program at every batch size, the
+# small-batch tile of ``launch_config``.
+INVARIANT_BLOCK_V = 16
 
 
 @triton.jit
@@ -129,6 +138,73 @@ def _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv,
     a = tl.load(a_ptr + row * sa + i_h).to(tl.float32)
     b = tl.load(b_ptr + row * sb + i_h).to(tl.float32)
     return k, q, v, a, b
+
+
+@triton.jit
+def _token_step(St, k1, q1, v1, a1, b1, A_log_ptr, dt_bias_ptr, i_h, scale, eps):
+    """One token's delta step on the state tile St [BV, BK] it sees (pending tokens folded): two row reductions
+    of the state, no Gram matrix or inverse. Returns (normalised key [BK], log-decay g, write u [BV], output o
+    [BV]); the state after the token is ``_write_one(St, exp(g), u, key)``."""
+    Kn = k1 * tl.rsqrt(tl.sum(k1 * k1, 0) + eps)
+    Q = q1 * (tl.rsqrt(tl.sum(q1 * q1, 0) + eps) * scale)
+    g = _log_decay(a1, A_log_ptr, dt_bias_ptr, i_h)
+    beta = tl.sigmoid(b1)
+    decay = tl.exp(g)
+    u = beta * (v1 - decay * tl.sum(St * Kn[None, :], 1))
+    o = decay * tl.sum(St * Q[None, :], 1) + u * tl.sum(Kn * Q, 0)
+    return Kn, g, u, o
+
+
+@triton.jit
+def _write_one(St, decay, u, kn):
+    """``decay * St + u kn^T`` with its rounding spelled out (one product, then one fused multiply-add per
+    element), so a token written inside a verify block and one folded from the ring at the next step give the
+    same bits."""
+    return tl.fma(u[:, None], kn[None, :], St * decay)
+
+
+@triton.jit(do_not_specialize=["T"])  # one binary for every block length: a one-token step runs this same code
+def _replay_sequential_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+    state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
+    o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    """The batch-invariant ``replay_verify``: the pending tokens folded one by one, then the T new tokens one
+    after another, each with ``_token_step`` on the state the tokens before it left, written with
+    ``_write_one`` as the fold of the next step writes it. Token t's output is then the one it gets when
+    decoded alone (T = 1 after the same accepted tokens), whatever T, batch or tile neighbours."""
+    pdl_enter(PDL)
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = i_h // (HV // HK)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < DK, rv < DV
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
+    n = tl.load(pending_ptr + slot)
+    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
+    St = tl.load(s_ptrs, mask=mv[:, None] & mk[None, :], other=0.0)
+    tok = (slot * 2 + phase) * Tmax
+    for i in range(n):
+        g = tl.load(ring_g_ptr + (tok + i) * HV + i_h)
+        kp = tl.load(ring_k_ptr + ((tok + i) * HK + hk) * DK + rk, mask=mk, other=0.0)
+        up = tl.load(ring_u_ptr + ((tok + i) * HV + i_h) * DV + rv, mask=mv, other=0.0)
+        St = _write_one(St, tl.exp(g), up, kp)
+    tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
+    park = (slot * 2 + 1 - phase) * Tmax
+    for t in range(T):
+        k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b * T + t, i_h, hk, sq, sk, sv,
+                                             sa, sb, rk, rv, mk, mv, DK, DV)  # fmt: skip
+        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log_ptr, dt_bias_ptr, i_h, scale, eps)
+        tl.store(o_ptr + ((i_b * T + t) * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
+        tl.store(ring_u_ptr + ((park + t) * HV + i_h) * DV + rv, u, mask=mv)
+        if i_v == 0:
+            tl.store(ring_g_ptr + (park + t) * HV + i_h, g)
+            if i_h % (HV // HK) == 0:
+                tl.store(ring_k_ptr + ((park + t) * HK + hk) * DK + rk, Kn, mask=mk)
+        St = _write_one(St, tl.exp(g), u, Kn)
 
 
 @triton.jit
@@ -222,13 +298,7 @@ def _replay_verify_kernel(
         if not PREFETCH:
             k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
                                                  rk, rv, mk, mv, DK, DV)  # fmt: skip
-        Kn = k1 * tl.rsqrt(tl.sum(k1 * k1, 0) + eps)
-        Q = q1 * (tl.rsqrt(tl.sum(q1 * q1, 0) + eps) * scale)
-        g = _log_decay(a1, A_log_ptr, dt_bias_ptr, i_h)
-        beta = tl.sigmoid(b1)
-        decay = tl.exp(g)
-        u = beta * (v1 - decay * tl.sum(St * Kn[None, :], 1))
-        o = decay * tl.sum(St * Q[None, :], 1) + u * tl.sum(Kn * Q, 0)
+        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log_ptr, dt_bias_ptr, i_h, scale, eps)
         tl.store(o_ptr + (i_b * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
         tl.store(ring_u_ptr + (park * HV + i_h) * DV + rv, u, mask=mv)
         if i_v == 0:
@@ -385,6 +455,15 @@ def replay_verify_kernel(
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if B == 0:
         return o
+    BK = max(16, triton.next_power_of_2(Dk))
+    if batch_invariant() and block_v is None and num_warps is None and precision is None:
+        BV = max(16, min(INVARIANT_BLOCK_V, triton.next_power_of_2(Dv)))  # one tile shape at every batch
+        _replay_sequential_kernel[(triton.cdiv(Dv, BV), Hv, B)](
+            q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
+            o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
+            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, num_warps=4, **pdl_args(v.device),
+        )  # fmt: skip
+        return o
     auto_bv, auto_warps, auto_registers = launch_config(B, Hv, Dv, _sm_count(v.device))
     if block_v is None and num_warps is None and max_registers is None:
         max_registers = auto_registers
@@ -394,7 +473,6 @@ def replay_verify_kernel(
         # The state tile is too short for its warpgroups, so the T-wide products are split into n=8
         # wgmma tiles; Triton 3.6 addresses shared memory out of bounds for tf32 n=8 (seen on the H200).
         raise OcriaError(f"replay_verify: block_v={BV} with {num_warps} warps; use block_v >= {16 * num_warps}")
-    BK = max(16, triton.next_power_of_2(Dk))
     TP = max(16, triton.next_power_of_2(Tmax))
     precision = precision or DOT_PRECISION[v.dtype]
     # Scratch of the T x T prep (T > 1; T = 1 passes the state, unread): per value head (I + A)^-1 diag(beta)
