@@ -32,9 +32,12 @@ Batch invariance: the row tile is always 16 rows (padded, masked) and the config
 (N, K) only, never on M, so every row runs the same instruction sequence and the same reduction order
 over K, and an MMA computes each output element from its own row alone. Row m's output is therefore
 bit-identical whether it is decoded alone (M = 1) or inside a 16-row verify block, whatever the other
-rows hold. More than 16 rows run as 16-row tiles (a third grid dimension), each exactly as a 16-row call:
-the op sends them here inside ``batch_invariant_rows()`` (verify blocks of several sequences); elsewhere
-(prefill) cuBLAS is faster at that size.
+rows hold. More than 16 rows (the op sends them here inside ``batch_invariant_rows()``: verify blocks of
+several sequences; elsewhere, as in prefill, cuBLAS is faster) run as 16-row tiles, up to ``MAX_ROW_TILES`` per
+program: each weight tile it loads feeds one MMA of the 16-row shape per row tile, the instruction a 16-row call
+runs, so a row keeps its bits, and the weights are read once per four row tiles instead of once per tile. One
+wide MMA over 64 or 128 rows reads them less often still, and gave the same bits for every bf16 shape of
+ocria-1-sim on the H200, but not for an FP8 one (bench/results/invariance_h200.json): not taken.
 """
 
 import torch
@@ -50,6 +53,7 @@ from ocria.plugins.splitk import scratch, sum_splits
 
 MAX_M = 16  # rows one launch takes: the MMA's smallest row tile
 BLOCK_M = 16
+MAX_ROW_TILES = 4  # 16-row tiles one program computes from each weight tile it loads (more than 16 rows)
 PREFETCH_LINES = 8  # with PDL: 128-byte lines per weight row (1 KiB of K) sent to L2 before the wait
 
 
@@ -78,22 +82,76 @@ def _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_
         tl.store(o_ptrs, acc.to(o_ptr.dtype.element_ty), mask=mrow[:, None] & mcol[None, :])
 
 
+@triton.jit
+def _mma(acc, x, w, SWAP: tl.constexpr, AS_BITS: tl.constexpr):
+    """``acc + x @ w.T`` on the tensor cores; SWAP computes it as ``w @ x.T`` (the weight tile as the A operand).
+    The interpreter has no bf16 arithmetic: its operands come widened to fp32 and multiply in IEEE fp32."""
+    if AS_BITS:
+        if SWAP:
+            out = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+        else:
+            out = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    else:
+        if SWAP:
+            out = tl.dot(w, tl.trans(x), acc)
+        else:
+            out = tl.dot(x, tl.trans(w), acc)
+    return out
+
+
+@triton.jit
+def _x_tile(x_ptr, rows, k, mk, M, stride_xm, FP8: tl.constexpr, AS_BITS: tl.constexpr):
+    """Rows ``rows`` of x at columns ``k`` as the MMA takes them (zeros past M or K)."""
+    zero = 0.0 if FP8 and not AS_BITS else 0  # float8 takes no integer fill
+    x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + k[None, :], mask=(rows < M)[:, None] & mk[None, :],
+                other=zero)
+    if AS_BITS:
+        if FP8:
+            x = widen_e4m3(x)
+        else:
+            x = widen(x, True)
+    return x
+
+
+@triton.jit
+def _finish(acc, sumsq, rows, cols, mcol, tile, split, M, K, eps, b_ptr, o_ptr, ws_ptr, count_ptr, sx_ptr, sw_ptr,
+            stride_om, HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
+            NORM: tl.constexpr, OUT_F32: tl.constexpr, FP8: tl.constexpr, SX_ROWS: tl.constexpr,
+            SW_COLS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):  # fmt: skip
+    """One row tile's accumulator to the output: norm scale, then the epilogue, or with split-K the partial to the
+    workspace [tiles, SPLIT_K, BLOCK_M, BLOCK_N] and the epilogue by the tile's last program."""
+    if SWAP:
+        acc = tl.trans(acc)
+    if NORM:
+        acc = acc * (1.0 / tl.sqrt_rn(tl.sum(sumsq, 1) / K + eps))[:, None]
+    mrow = rows < M
+    if SPLIT_K == 1:
+        _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32,
+                  FP8, SX_ROWS, SW_COLS)
+    else:
+        last, total = sum_splits(acc, ws_ptr, count_ptr, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
+        if last:
+            _epilogue(total, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS,
+                      OUT_F32, FP8, SX_ROWS, SW_COLS)
+
+
 @triton.jit(do_not_specialize=["M"])  # M = 1 runs the binary M = 16 runs: the same code for every row count
 def _decode_gemm_kernel(
     x_ptr, w_ptr, b_ptr, o_ptr, ws_ptr, count_ptr, r_ptr, nw_ptr, s_ptr, sx_ptr, sw_ptr, eps,
     M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om, stride_rm,
     HAS_BIAS: tl.constexpr, SWAP: tl.constexpr, AS_BITS: tl.constexpr, SPLIT_K: tl.constexpr,
     NORM: tl.constexpr, RESIDUAL: tl.constexpr, OUT_F32: tl.constexpr,
-    FP8: tl.constexpr, SX_ROWS: tl.constexpr, SW_COLS: tl.constexpr,
+    FP8: tl.constexpr, SX_ROWS: tl.constexpr, SW_COLS: tl.constexpr, ROW_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PF_LINES: tl.constexpr,
 ):  # fmt: skip
     ON_GPU: tl.constexpr = not AS_BITS
-    # Row tiles (more than 16 rows: batch-invariant steps) vary fastest, so the programs that share a weight
-    # slab run side by side and read it from L2 after the first.
-    row_tile = tl.program_id(0)
+    # More than 16 rows (batch-invariant steps): each program takes ROW_TILES 16-row tiles and feeds every weight
+    # tile it loads to each of them, one MMA of the 16-row shape per tile; row groups vary fastest in the grid,
+    # so the programs that share a weight slab run side by side and read it from L2 after the first.
+    group = tl.program_id(0)
     split = tl.program_id(1)
     pid = tl.program_id(2)
-    rows = row_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = group * (ROW_TILES * BLOCK_M) + tl.arange(0, BLOCK_M)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     if PDL:  # no kernel writes the weights: pull this program's first K lines toward L2 while the one before drains
         pf_k = tl.minimum(split * K_SPLIT + tl.arange(0, PF_LINES) * 64, K - 1)  # one address per 128-byte line
@@ -101,25 +159,27 @@ def _decode_gemm_kernel(
     pdl_enter(PDL)
     mrow = rows < M
     mcol = cols < N
-    x_base = x_ptr + rows.to(tl.int64)[:, None] * stride_xm
     w_base = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
     if SWAP:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc1, acc2, acc3 = acc, acc, acc  # the further row tiles' (ROW_TILES 2 and 4)
     sumsq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # NORM: lane sums, reduced once after the loop
     k_end = tl.minimum(K, (split + 1) * K_SPLIT)
     for k0 in range(split * K_SPLIT, k_end, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         mk = k < k_end
-        mx = mrow[:, None] & mk[None, :]
         zero = 0.0 if FP8 and not AS_BITS else 0  # float8 takes no integer fill
-        x = tl.load(x_base + k[None, :], mask=mx, other=zero)
         w = tl.load(w_base + k[None, :], mask=mcol[:, None] & mk[None, :], other=zero)
-        if FP8:
-            if AS_BITS:
-                x, w = widen_e4m3(x), widen_e4m3(w)
-        elif NORM:  # s = x (+ residual) in bf16; the MMA gets bf16(s * (1 + w_norm)); sum(s^2) for rstd
+        if AS_BITS:
+            if FP8:
+                w = widen_e4m3(w)
+            else:
+                w = widen(w, True)
+        if NORM:  # s = x (+ residual) in bf16; the MMA gets bf16(s * (1 + w_norm)); sum(s^2) for rstd
+            mx = mrow[:, None] & mk[None, :]
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + k[None, :], mask=mx, other=0)
             s = widen(x, True) if AS_BITS else x.to(tl.float32)
             if RESIDUAL:
                 r = tl.load(r_ptr + rows.to(tl.int64)[:, None] * stride_rm + k[None, :], mask=mx, other=0)
@@ -133,33 +193,23 @@ def _decode_gemm_kernel(
                                ON_GPU, tl.bfloat16)
             if not AS_BITS:
                 x = x.to(tl.bfloat16)
-        elif AS_BITS:
-            x = widen(x, True)
-        if AS_BITS:  # the interpreter has no bf16 arithmetic: exact bf16 -> fp32, IEEE fp32 products
-            if not FP8:
-                w = widen(w, True)
-            if SWAP:
-                acc = tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            acc = _mma(acc, x, w, SWAP, AS_BITS)
         else:
-            if SWAP:
-                acc = tl.dot(w, tl.trans(x), acc)
-            else:
-                acc = tl.dot(x, tl.trans(w), acc)
-    if SWAP:
-        acc = tl.trans(acc)
-    if NORM:
-        acc = acc * (1.0 / tl.sqrt_rn(tl.sum(sumsq, 1) / K + eps))[:, None]
-    if SPLIT_K == 1:
-        _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS, OUT_F32,
-                  FP8, SX_ROWS, SW_COLS)
-    else:  # partial to the workspace [column tiles, SPLIT_K, BLOCK_M, BLOCK_N]; the tile's last program sums
-        tile = pid * tl.num_programs(0) + row_tile
-        last, total = sum_splits(acc, ws_ptr, count_ptr, tile, split, SPLIT_K, BLOCK_M, BLOCK_N)
-        if last:
-            _epilogue(total, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS, AS_BITS,
-                      OUT_F32, FP8, SX_ROWS, SW_COLS)
+            acc = _mma(acc, _x_tile(x_ptr, rows, k, mk, M, stride_xm, FP8, AS_BITS), w, SWAP, AS_BITS)
+            if ROW_TILES > 1:
+                acc1 = _mma(acc1, _x_tile(x_ptr, rows + BLOCK_M, k, mk, M, stride_xm, FP8, AS_BITS), w, SWAP, AS_BITS)
+            if ROW_TILES > 2:
+                acc2 = _mma(acc2, _x_tile(x_ptr, rows + 2 * BLOCK_M, k, mk, M, stride_xm, FP8, AS_BITS), w, SWAP,
+                            AS_BITS)
+                acc3 = _mma(acc3, _x_tile(x_ptr, rows + 3 * BLOCK_M, k, mk, M, stride_xm, FP8, AS_BITS), w, SWAP,
+                            AS_BITS)
+    tile = (pid * tl.num_programs(0) + group) * ROW_TILES  # split-K workspace slot of the first row tile
+    for r in tl.static_range(ROW_TILES):  # one epilogue per row tile (the loop is unrolled: r is a constant)
+        acc_r = acc if r == 0 else acc1 if r == 1 else acc2 if r == 2 else acc3
+        _finish(acc_r, sumsq, rows + r * BLOCK_M, cols, mcol, tile + r, split, M, K, eps, b_ptr, o_ptr, ws_ptr,
+                count_ptr, sx_ptr, sw_ptr, stride_om, HAS_BIAS=HAS_BIAS, SWAP=SWAP, AS_BITS=AS_BITS, SPLIT_K=SPLIT_K,
+                NORM=NORM, OUT_F32=OUT_F32, FP8=FP8, SX_ROWS=SX_ROWS, SW_COLS=SW_COLS, BLOCK_M=BLOCK_M,
+                BLOCK_N=BLOCK_N)  # fmt: skip
 
 
 def default_config(N: int, K: int) -> dict:
@@ -268,10 +318,13 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     cfg = config or default_config(N, K)
     if norm and cfg.get("split_k", 1) != 1:
         raise OcriaError("decode_gemm_norm kernel: split_k must be 1 (each program needs the whole row for rstd)")
-    split_k, tiles, row_tiles = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"]), triton.cdiv(M, BLOCK_M)
+    split_k, tiles, block_m = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"]), cfg.get("block_m", BLOCK_M)
+    row_tiles = 1 if norm else cfg.get("row_tiles", min(MAX_ROW_TILES, triton.next_power_of_2(triton.cdiv(M, block_m))))
+    groups = triton.cdiv(M, row_tiles * block_m)
+    stages = cfg["num_stages"] if row_tiles < MAX_ROW_TILES else min(cfg["num_stages"], 3)  # shared memory
     k_split = triton.cdiv(triton.cdiv(K, split_k), cfg["block_k"]) * cfg["block_k"]
-    ws, count = (scratch(x.device, row_tiles * tiles * split_k * BLOCK_M * cfg["block_n"], row_tiles * tiles)
-                 if split_k > 1 else (out, out))
+    slots = groups * row_tiles * tiles
+    ws, count = scratch(x.device, slots * split_k * block_m * cfg["block_n"], slots) if split_k > 1 else (out, out)
     # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
     as_bits = x.device.type == "cpu"
     x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None and t.dtype == torch.bfloat16 else t
@@ -279,16 +332,16 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     if fp8 and as_bits:  # float8 bytes as uint8: the interpreter decodes them (``widen_e4m3``)
         x_, w_ = x2.view(torch.uint8), weight.view(torch.uint8)
     b_ = bf16_as_int16(bias.contiguous()) if bias is not None and as_bits else bias
-    _kernel_for(x.device)[(row_tiles, split_k, tiles)](
+    _kernel_for(x.device)[(groups, split_k, tiles)](
         x_, w_, b_ if bias is not None else out_, out_, ws, count, r_ if r_ is not None else out_,
         nw_ if norm else out_, s_ if norm else out_, scales[0] if fp8 else out_, scales[1] if fp8 else out_, eps,
         M, N, K, k_split,
         x2.stride(0), weight.stride(0), out.stride(0), r2.stride(0) if r2 is not None else 0,
         HAS_BIAS=bias is not None, SWAP=cfg["swap"], AS_BITS=as_bits, SPLIT_K=split_k,
         NORM=norm, RESIDUAL=r2 is not None, OUT_F32=out_fp32,
-        FP8=fp8, SX_ROWS=fp8 and scales[0].numel() > 1, SW_COLS=fp8 and scales[1].numel() > 1,
-        BLOCK_M=BLOCK_M, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_args(x.device),
+        FP8=fp8, SX_ROWS=fp8 and scales[0].numel() > 1, SW_COLS=fp8 and scales[1].numel() > 1, ROW_TILES=row_tiles,
+        BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
+        num_warps=cfg["num_warps"], num_stages=stages, **pdl_args(x.device),
         PF_LINES=max(1, min(PREFETCH_LINES, triton.next_power_of_2(k_split // 64 + 1) // 2)),
     )  # fmt: skip
     return out.reshape(*lead, N), s.reshape(*lead, K) if norm else None
