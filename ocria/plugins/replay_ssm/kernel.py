@@ -63,9 +63,13 @@ PREFETCH_MAX_BLOCK_V = 16
 # The prep kernel's work is [T, T] matrices: with few warps its reductions stay inside a warp (shuffles, no
 # shared-memory round trips), which is what its latency is made of.
 PREP_WARPS = 2
-# Batch-invariant steps (``_replay_sequential_kernel``): value columns per program at every batch size, the
-# small-batch tile of ``launch_config``.
+# Batch-invariant steps (``_replay_sequential_kernel``): one tile for every batch size and T. One warp keeps each
+# token's reductions in shuffles, no shared memory or barrier: 16 columns x 1 warp took 10.7 / 29.7 / 105 us at
+# batch 1 / 8 / 32 x 16 tokens, against 23.4 / 92.7 / 349 with 4 warps and 18-20 / 49-60 / 152-232 with 2 warps or
+# 32 columns, and beat the one-token kernel at T = 1 (2.5 / 6.0 / 22.0 us against 3.3 / 8.4 / 31.1)
+# (bench/results/invariance_replay_tiles_h200.json).
 INVARIANT_BLOCK_V = 16
+INVARIANT_WARPS = 1
 
 
 @triton.jit
@@ -77,7 +81,7 @@ def _softplus(x):
 def _log_decay(a, A_log_ptr, dt_bias_ptr, i_h):
     """g = -exp(A_log) softplus(a + dt_bias) of value head i_h (a in fp32)."""
     A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
-    return -tl.exp(A_log) * _softplus(a + tl.load(dt_bias_ptr + i_h).to(tl.float32))
+    return -tl.exp(A_log) * _softplus(a + tl.load(dt_bias_ptr + i_h).to(tl.float32))  # as in _token_step
 
 
 @triton.jit
@@ -141,13 +145,13 @@ def _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv,
 
 
 @triton.jit
-def _token_step(St, k1, q1, v1, a1, b1, A_log_ptr, dt_bias_ptr, i_h, scale, eps):
+def _token_step(St, k1, q1, v1, a1, b1, A_log, dt_bias, scale, eps):
     """One token's delta step on the state tile St [BV, BK] it sees (pending tokens folded): two row reductions
     of the state, no Gram matrix or inverse. Returns (normalised key [BK], log-decay g, write u [BV], output o
-    [BV]); the state after the token is ``_write_one(St, exp(g), u, key)``."""
+    [BV]); the state after the token is ``_write_one(St, exp(g), u, key)``. A_log, dt_bias: the head's, fp32."""
     Kn = k1 * tl.rsqrt(tl.sum(k1 * k1, 0) + eps)
     Q = q1 * (tl.rsqrt(tl.sum(q1 * q1, 0) + eps) * scale)
-    g = _log_decay(a1, A_log_ptr, dt_bias_ptr, i_h)
+    g = -tl.exp(A_log) * _softplus(a1 + dt_bias)
     beta = tl.sigmoid(b1)
     decay = tl.exp(g)
     u = beta * (v1 - decay * tl.sum(St * Kn[None, :], 1))
@@ -194,10 +198,15 @@ def _replay_sequential_kernel(
         St = _write_one(St, tl.exp(g), up, kp)
     tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
     park = (slot * 2 + 1 - phase) * Tmax
+    A_log, dt_bias = tl.load(A_log_ptr + i_h).to(tl.float32), tl.load(dt_bias_ptr + i_h).to(tl.float32)
+    nxt = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b * T, i_h, hk, sq, sk, sv, sa, sb, rk, rv, mk, mv,
+                          DK, DV)  # fmt: skip
     for t in range(T):
-        k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b * T + t, i_h, hk, sq, sk, sv,
-                                             sa, sb, rk, rv, mk, mv, DK, DV)  # fmt: skip
-        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log_ptr, dt_bias_ptr, i_h, scale, eps)
+        k1, q1, v1, a1, b1 = nxt
+        # The next token's loads go out now, under this token's reductions (the last token loads itself again).
+        nxt = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b * T + tl.minimum(t + 1, T - 1), i_h, hk, sq, sk,
+                              sv, sa, sb, rk, rv, mk, mv, DK, DV)  # fmt: skip
+        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log, dt_bias, scale, eps)
         tl.store(o_ptr + ((i_b * T + t) * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
         tl.store(ring_u_ptr + ((park + t) * HV + i_h) * DV + rv, u, mask=mv)
         if i_v == 0:
@@ -298,7 +307,8 @@ def _replay_verify_kernel(
         if not PREFETCH:
             k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
                                                  rk, rv, mk, mv, DK, DV)  # fmt: skip
-        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log_ptr, dt_bias_ptr, i_h, scale, eps)
+        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, tl.load(A_log_ptr + i_h).to(tl.float32),
+                                  tl.load(dt_bias_ptr + i_h).to(tl.float32), scale, eps)
         tl.store(o_ptr + (i_b * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
         tl.store(ring_u_ptr + (park * HV + i_h) * DV + rv, u, mask=mv)
         if i_v == 0:
@@ -456,12 +466,13 @@ def replay_verify_kernel(
     if B == 0:
         return o
     BK = max(16, triton.next_power_of_2(Dk))
-    if batch_invariant() and block_v is None and num_warps is None and precision is None:
-        BV = max(16, min(INVARIANT_BLOCK_V, triton.next_power_of_2(Dv)))  # one tile shape at every batch
+    if batch_invariant() and T > 0 and precision is None and max_registers is None:
+        # One tile shape and warp count at every batch and T (``block_v`` / ``num_warps`` only as benchmarks set them)
+        BV = max(16, min(block_v or INVARIANT_BLOCK_V, triton.next_power_of_2(Dv)))
         _replay_sequential_kernel[(triton.cdiv(Dv, BV), Hv, B)](
             q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
             o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
-            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, num_warps=4, **pdl_args(v.device),
+            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, num_warps=num_warps or INVARIANT_WARPS, **pdl_args(v.device),
         )  # fmt: skip
         return o
     auto_bv, auto_warps, auto_registers = launch_config(B, Hv, Dv, _sm_count(v.device))
