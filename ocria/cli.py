@@ -80,6 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"text": "".join(text), "token_ids": ids, "num_steps": s.num_steps,
                           "acceptance_length": round(s.acceptance_length, 4), "tokens_per_s": round(s.tokens_per_s, 2),
                           "finish_reason": final.finish_reason, "mode": s.mode, "plugins": s.plugins,
+                          "batch_invariant": s.batch_invariant,
                           "num_draft_tokens": s.num_draft_tokens,
                           "num_accepted_draft_tokens": s.num_accepted_draft_tokens}))
     else:

@@ -82,7 +82,7 @@ def test_run_json(engine_dir, capsys):
     assert main(["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), "--max-tokens", "6", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"text", "token_ids", "num_steps", "acceptance_length", "tokens_per_s"}
-    assert 1 <= len(out["token_ids"]) <= 6 and out["plugins"] == "reference"
+    assert 1 <= len(out["token_ids"]) <= 6 and out["plugins"] == "reference" and out["batch_invariant"] is True
     assert main(["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), "--max-tokens", "6", "--json",
                  "--mode", "ar"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]

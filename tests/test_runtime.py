@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from ocria.builder.engine import build_engine
+from ocria.errors import OcriaError
 from ocria.models import TargetCache
 from ocria.plugins.replay_ssm.reference import fold_pending
+from ocria.plugins.switch import batch_invariant, batch_invariant_rows
 from ocria.runtime import IncrementalDetokenizer, SamplingParams, load_engine
 from ocria.runtime.decode import prefill
 
@@ -206,3 +208,23 @@ def test_spec_equals_ar_with_triton_plugins(engine, tmp_path):
     finally:
         plugged.drafter = real
     assert got == ref
+
+
+def test_decode_steps_run_the_target_batch_invariant(engine, monkeypatch):
+    """Decode and verify steps run the target inside ``batch_invariant_rows()`` (prefill does not);
+    OCRIA_BATCH_INVARIANT=0 turns it off, and a value other than 0 or 1 is refused by name."""
+    seen = []
+    real = engine.target.logits
+    monkeypatch.setattr(engine.target, "logits", lambda hidden: (seen.append(batch_invariant()), real(hidden))[1])
+    prompt, params = requests(engine, 1, 0.0)[0]
+    for mode in ("ar", "spec"):
+        seen.clear()
+        run_alone(engine, prompt, SamplingParams(**{**params.__dict__, "max_tokens": 4, "mode": mode}))
+        assert seen[0] is False and len(seen) >= 2 and all(seen[1:]), (mode, seen)
+    monkeypatch.setenv("OCRIA_BATCH_INVARIANT", "0")
+    seen.clear()
+    run_alone(engine, prompt, SamplingParams(**{**params.__dict__, "max_tokens": 4, "mode": "spec"}))
+    assert len(seen) >= 2 and not any(seen)
+    monkeypatch.setenv("OCRIA_BATCH_INVARIANT", "yes")
+    with pytest.raises(OcriaError, match="OCRIA_BATCH_INVARIANT='yes'"), batch_invariant_rows():
+        pass

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ocria.models import DrafterCache, TargetCache
+from ocria.plugins.switch import invariance_enabled
 from ocria.runtime.decode import SamplingTensors, decode_step, prefill
 from ocria.runtime.detok import IncrementalDetokenizer
 from ocria.runtime.graphs import GraphDecoder
@@ -34,6 +35,7 @@ class GenerationStats:
     batch_size_max: int = 0
     mode: str = "spec"
     plugins: str = "reference"
+    batch_invariant: bool = True  # decode steps in batch_invariant_rows() (OCRIA_BATCH_INVARIANT)
 
 
 @dataclass
@@ -99,6 +101,7 @@ class Scheduler:
         req.stats.num_prompt_tokens = prompt.input_ids.numel()
         req.stats.mode = params.mode
         req.stats.plugins = self.engine.plugins
+        req.stats.batch_invariant = invariance_enabled()
         self.waiting.append(req)
         return rid
 
