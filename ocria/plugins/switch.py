@@ -1,4 +1,5 @@
-"""The plugins' one switch: which implementation of a custom kernel runs."""
+"""The plugins' switches: which implementation of a custom kernel runs, and whether the kernels compute each row
+of a decode step independently of the others (batch invariance)."""
 
 import os
 from collections.abc import Iterator
