@@ -55,22 +55,33 @@ def test_a_token_gets_the_same_result_alone_or_in_a_block():
         torch.testing.assert_close(alone[:, :, 0], block[:, :, t], rtol=1e-6, atol=1e-6)
 
 
-def test_a_batch_invariant_step_chunks_by_length_only():
+def test_a_batch_invariant_step_chunks_by_length_only(monkeypatch):
     """Inside ``batch_invariant_rows()``: 32-key chunks whatever the batch or length bound, always combined. A
-    row's bits do not depend on the other rows or on how many chunks the launch has (22 here, two groups of the
-    combine, against the 13 or so of a batch of one whose bound is its own context), and a token alone agrees
-    with its row in the block (up to the interpreter's matmul, which may round a row by its position)."""
-    q, k, v, slots, start = _case(T=16, L=700, seed=5)
+    row's bits do not depend on the other rows or on how many chunks the launch has (66 here, five groups of the
+    combine, against fewer for a batch of one whose bound is its own context), and a token alone agrees
+    with its row in the block (up to the interpreter's matmul, which may round a row by its position). On an
+    H200's 132 SMs the per-shape chunking (OCRIA_BATCH_INVARIANT=0) cuts a batch of three into 96-key chunks and
+    a sequence alone into smaller ones, and the rows differ."""
+    monkeypatch.setitem(op_module.decode_attention_triton.__globals__, "sm_count", lambda device: 132)
+    q, k, v, slots, start = _case(T=16, L=2100, seed=5)
+
+    def alone_equals_block() -> tuple[torch.Tensor, list[bool]]:
+        with batch_invariant_rows():
+            block = decode_attention(q, k, v, slots, start, 2100, 0.2, use_kernel=True)
+            ones = [decode_attention(q[b:b + 1], k, v, slots[b:b + 1], start[b:b + 1], int(start[b]) + 16, 0.2,
+                                     use_kernel=True)[0] for b in range(3)]  # fmt: skip
+        return block, [torch.equal(one, block[b]) for b, one in enumerate(ones)]
+
+    block, same = alone_equals_block()
+    assert all(same)
+    monkeypatch.setenv("OCRIA_BATCH_INVARIANT", "0")
+    assert not all(alone_equals_block()[1])
+    monkeypatch.delenv("OCRIA_BATCH_INVARIANT")
     with batch_invariant_rows():
-        block = decode_attention(q, k, v, slots, start, 700, 0.2, use_kernel=True)
-        for b in range(3):
-            own = int(start[b]) + 16
-            one = decode_attention(q[b:b + 1], k, v, slots[b:b + 1], start[b:b + 1], own, 0.2, use_kernel=True)
-            assert torch.equal(one[0], block[b])
         for t in (0, 9, 15):
-            alone = decode_attention(q[:, :, t:t + 1], k, v, slots, start + t, 700, 0.2, use_kernel=True)
+            alone = decode_attention(q[:, :, t:t + 1], k, v, slots, start + t, 2100, 0.2, use_kernel=True)
             torch.testing.assert_close(alone[:, :, 0], block[:, :, t], rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(block, decode_attention_reference(q, k, v, slots, start, 700, 0.2), rtol=1e-5,
+    torch.testing.assert_close(block, decode_attention_reference(q, k, v, slots, start, 2100, 0.2), rtol=1e-5,
                                atol=1e-5)  # fmt: skip
 
 
