@@ -78,10 +78,15 @@ def _softplus(x):
 
 
 @triton.jit
-def _log_decay(a, A_log_ptr, dt_bias_ptr, i_h):
-    """g = -exp(A_log) softplus(a + dt_bias) of value head i_h (a in fp32)."""
-    A_log = tl.load(A_log_ptr + i_h).to(tl.float32)
-    return -tl.exp(A_log) * _softplus(a + tl.load(dt_bias_ptr + i_h).to(tl.float32))  # as in _token_step
+def _head_gate_params(A_log_ptr, dt_bias_ptr, i_h):
+    """(A_log, dt_bias) of value head i_h as fp32 scalars."""
+    return tl.load(A_log_ptr + i_h).to(tl.float32), tl.load(dt_bias_ptr + i_h).to(tl.float32)
+
+
+@triton.jit
+def _log_decay(a, A_log, dt_bias):
+    """g = -exp(A_log) softplus(a + dt_bias) (a in fp32; A_log, dt_bias the head's, from ``_head_gate_params``)."""
+    return -tl.exp(A_log) * _softplus(a + dt_bias)
 
 
 @triton.jit
@@ -151,7 +156,7 @@ def _token_step(St, k1, q1, v1, a1, b1, A_log, dt_bias, scale, eps):
     [BV]); the state after the token is ``_write_one(St, exp(g), u, key)``. A_log, dt_bias: the head's, fp32."""
     Kn = k1 * tl.rsqrt(tl.sum(k1 * k1, 0) + eps)
     Q = q1 * (tl.rsqrt(tl.sum(q1 * q1, 0) + eps) * scale)
-    g = -tl.exp(A_log) * _softplus(a1 + dt_bias)
+    g = _log_decay(a1, A_log, dt_bias)
     beta = tl.sigmoid(b1)
     decay = tl.exp(g)
     u = beta * (v1 - decay * tl.sum(St * Kn[None, :], 1))
@@ -198,7 +203,7 @@ def _replay_sequential_kernel(
         St = _write_one(St, tl.exp(g), up, kp)
     tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
     park = (slot * 2 + 1 - phase) * Tmax
-    A_log, dt_bias = tl.load(A_log_ptr + i_h).to(tl.float32), tl.load(dt_bias_ptr + i_h).to(tl.float32)
+    A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
     nxt = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b * T, i_h, hk, sq, sk, sv, sa, sb, rk, rv, mk, mv,
                           DK, DV)  # fmt: skip
     for t in range(T):
@@ -243,7 +248,8 @@ def _chunk_prep_kernel(
     rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
     a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
-    g = tl.where(mt, _log_decay(a, A_log_ptr, dt_bias_ptr, i_h), 0.0)
+    A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
+    g = tl.where(mt, _log_decay(a, A_log, dt_bias), 0.0)
     beta = tl.where(mt, tl.sigmoid(b), 0.0)
     gc = tl.cumsum(g, 0)
     inv = _tril_inverse(tl.dot(Kn, tl.trans(Kn), input_precision=PREC), gc, beta, TP, PREC)
@@ -307,8 +313,8 @@ def _replay_verify_kernel(
         if not PREFETCH:
             k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
                                                  rk, rv, mk, mv, DK, DV)  # fmt: skip
-        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, tl.load(A_log_ptr + i_h).to(tl.float32),
-                                  tl.load(dt_bias_ptr + i_h).to(tl.float32), scale, eps)
+        A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
+        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log, dt_bias, scale, eps)
         tl.store(o_ptr + (i_b * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
         tl.store(ring_u_ptr + (park * HV + i_h) * DV + rv, u, mask=mv)
         if i_v == 0:
