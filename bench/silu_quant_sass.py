@@ -24,7 +24,7 @@ TYPES = dict(x_ptr="*i16", out_ptr="*u8", scale_ptr="*fp32", out_scale_ptr="*fp3
 def stats(mode: str, n: int, cfg: dict) -> dict:
     """One gated bf16 launch of ``mode`` at width n with ``cfg`` (keys of ``default_config``)."""
     block_n, chunks, passes = tiling(mode, n, cfg)
-    consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_EXP=cfg["fast_exp"],
+    consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"],
                   NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks, PDL=False)
     types = dict(TYPES, out_ptr="*i16" if mode == "bf16" else "*u8",
                  out_scale_ptr="*u8" if mode == "nvfp4" else "*fp32")
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--widths", type=int, nargs="+", default=[6144, 12288, 18944])
     ap.add_argument("--out", default="bench/results/silu_quant_sass.json")
     args = ap.parse_args()
-    per_token = [{"block_m": 1, "block_n": bn, "num_warps": w, "fast_exp": True}  # block_n 0: the whole row
+    per_token = [{"block_m": 1, "block_n": bn, "num_warps": w, "fast_silu": True}  # block_n 0: the whole row
                  for bn, w in ((4096, 8), (0, 8), (0, 16), (0, 32))]
     rows = []
     for n in args.widths:

@@ -108,7 +108,7 @@ def test_fp32_input_matches_within_exp_ulps():
 @pytest.mark.parametrize("block_n", [0, 64], ids=["whole_row_one_pass", "chunks_two_passes"])
 def test_fp8_dynamic_one_pass_and_chunked_rows_agree_with_reference(block_n):
     """Per-token FP8 with the row in one tile (h computed once) and in 4 chunks (amax pass, then bytes)."""
-    cfg = {"block_m": 1, "block_n": block_n, "num_warps": 4, "fast_exp": False}
+    cfg = {"block_m": 1, "block_n": block_n, "num_warps": 4, "fast_silu": False}
     torch.manual_seed(3)
     up = (torch.randn(_all_bf16_gates(256).shape) * 2).to(torch.bfloat16)
     for gate_up in (_tie_inputs(), torch.cat([_all_bf16_gates(256), up], dim=-1)):
@@ -116,11 +116,12 @@ def test_fp8_dynamic_one_pass_and_chunked_rows_agree_with_reference(block_n):
                      silu_mul_quant_reference(gate_up, "fp8_dynamic", None))
 
 
-@pytest.mark.parametrize("n, tiles", [(6144, (4096, 2048, 0, 0)), (18944, (16384, 2048, 512, 0)),
-                                      (7680, (4096, 2048, 1024, 512)), (7936, (4096, 2048, 1024, 1024)),
-                                      (5000, (4096, 512, 256, 256)), (100, (128, 0, 0, 0))])
-def test_row_tiles_cover_the_row_with_one_masked_tile_at_most(n, tiles):
-    assert row_tiles(n) == tiles
+@pytest.mark.parametrize("n, min_tile, tiles", [
+    (6144, 256, (4096, 2048, 0, 0)), (18944, 256, (16384, 2048, 512, 0)), (7680, 256, (4096, 2048, 1024, 512)),
+    (7936, 256, (4096, 2048, 1024, 1024)), (5000, 256, (4096, 512, 256, 256)), (100, 256, (128, 0, 0, 0)),
+    (18944, 4096, (16384, 4096, 0, 0)), (12288, 2048, (8192, 4096, 0, 0)), (1000, 1024, (1024, 0, 0, 0))])
+def test_row_tiles_cover_the_row_with_one_masked_tile_at_most(n, min_tile, tiles):
+    assert row_tiles(n, min_tile) == tiles
     present = [t for t in tiles if t]
     assert sum(present[:-1]) < n <= sum(present)
 
@@ -129,7 +130,7 @@ def test_row_tiles_cover_the_row_with_one_masked_tile_at_most(n, tiles):
 def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n):
     """The row held as power-of-two tiles (1536 = 1024 + 512; 1000 and 2320 end in a masked tile): gated bf16 with
     a NaN row, a zero row and an inf, and plain fp32."""
-    cfg = {"row_tiles": True, "num_warps": 4, "fast_exp": False}
+    cfg = {"row_tiles": True, "num_warps": 4, "fast_silu": False}
     torch.manual_seed(n)
     gate_up = (torch.randn(5, 2 * n) * 3).to(torch.bfloat16)
     gate_up[1, 7] = float("nan")
@@ -144,7 +145,7 @@ def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n):
 def test_row_tiles_config_only_for_per_token_fp8():
     with pytest.raises(ValueError, match="row_tiles"):
         silu_mul_quant_triton(torch.zeros(2, 64, dtype=torch.bfloat16), "fp8_static", torch.tensor([0.1]),
-                              {"row_tiles": True, "num_warps": 4, "fast_exp": False})
+                              {"row_tiles": True, "num_warps": 4, "fast_silu": False})
 
 
 def test_fp8_dynamic_scales_per_token_and_zero_row():

@@ -11,10 +11,10 @@ import triton.language as tl
 
 @triton.jit
 def quotient(a, s, r, lim, ON_GPU: tl.constexpr):
-    """RN(min(a, lim) / s) for a >= 0. The interpreter divides (IEEE); the GPU multiplies by
+    """RN(min(a, lim) / s) for a >= 0 or NaN (kept). The interpreter divides (IEEE); the GPU multiplies by
     r = RN(1/s) and corrects once with an FMA, which is correctly rounded by Markstein's theorem
     (lim keeps the quotient <= 512, far from overflow; underflowing quotients round to 0 anyway)."""
-    a = tl.minimum(a, lim)
+    a = tl.minimum(a, lim, propagate_nan=tl.PropagateNan.ALL)
     if ON_GPU:
         s = tl.zeros_like(a) + s
         r = tl.zeros_like(a) + r
@@ -54,33 +54,56 @@ def with_sign(code, x):
 @triton.jit
 def e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr):
     """E4M3 bytes of RN(h / row_scale) (h [BLOCK_M, BLOCK_N], row_scale [BLOCK_M]). On the GPU, when every row's
-    scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``quotient`` on |h|, clamped
-    at 448 x scale (a quotient that large saturates anyway, and the clamped one rounds to 448 within an ulp), and
-    the code of that magnitude gets h's sign and NaN; other scales (0, inf, NaN, extremes) divide."""
+    scale lies in [2^-64, 2^119], the quotient is the reciprocal + FMA correction of ``quotient`` on |h| clamped at
+    448 x scale (NaN kept; a quotient that large saturates anyway, and the clamped one rounds to 448 within an ulp),
+    and ``e4m3_cvt`` rounds it and puts h's sign back; other scales (0, inf, NaN, extremes) divide and build the code
+    by hand."""
     s = row_scale[:, None]
     if ON_GPU:
         ok = tl.min(((row_scale >= 5.421010862427522e-20) & (row_scale <= 6.646139978924579e35)).to(tl.int32), 0)
         if ok == 1:
             r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-            magnitude, _ = e4m3_magnitude(quotient(tl.abs(h), s, r, s * 448.0, ON_GPU))
-            code = with_sign(tl.where(h != h, 0x7F, magnitude), h)
+            code = e4m3_cvt(quotient(tl.abs(h), s, r, s * 448.0, ON_GPU), h)
         else:
-            code, _ = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
+            code = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))[0].to(tl.uint8)
     else:
-        code, _ = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))
-    return code.to(tl.uint8)
+        code = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))[0].to(tl.uint8)
+    return code
+
+
+@triton.jit
+def e4m3_cvt(q, x):
+    """E4M3 bytes of q >= 0 (or NaN) by the GPU's single-rounding convert (sm_89+), two values per instruction: RNE,
+    finite values past 448 saturate to 448, NaN gives a NaN byte; each byte then takes x's sign bit. The sign is
+    set apart from the quotient because Triton negates by subtracting from +0, which loses the sign of -0."""
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; .reg .b32 c, s01, s23, s;"
+        " cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; mov.b32 c, {lo, hi};"
+        " prmt.b32 s01, $5, $6, 0x0073; prmt.b32 s23, $7, $8, 0x0073; prmt.b32 s, s01, s23, 0x5410;"
+        " and.b32 s, s, 0x80808080; or.b32 $0, c, s; }",
+        "=r,f,f,f,f,r,r,r,r", [q, x.to(tl.int32, bitcast=True)], dtype=tl.uint8, is_pure=True, pack=4)
+
+
+@triton.jit
+def max_nan(a, b):
+    """max that keeps NaN (a reduction's combine: a NaN anywhere makes the result NaN)."""
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def abs_max(h, axis: tl.constexpr):
+    """max |h| along ``axis``, NaN where h has a NaN."""
+    return tl.reduce(tl.abs(h), axis, max_nan)
 
 
 @triton.jit
 def token_scale(h, mask):
-    """Per-token FP8 scale of rows h: amax / 448 (ModelOpt's guard: amax <= 2^-24 -> 1), NaN for a row with a NaN."""
-    amax = tl.max(tl.where(mask, tl.abs(h), 0.0), axis=1)
-    nan_rows = tl.max((h != h).to(tl.int32), axis=1)
-    return scale_of(amax, nan_rows)
+    """Per-token FP8 scale of rows h (where ``mask``): ``scale_of`` their amax."""
+    return scale_of(abs_max(tl.where(mask, h, 0.0), 1))
 
 
 @triton.jit
-def scale_of(amax, nan_rows):
-    amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)  # ModelOpt's 2^-24 guard
-    row_scale = tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)
-    return tl.where(nan_rows > 0, float("nan"), row_scale)
+def scale_of(amax):
+    """amax / 448 (ModelOpt's guard: amax <= 2^-24 -> 1); a NaN amax (a row with a NaN) gives a NaN scale."""
+    amax = tl.where(amax <= 5.9604644775390625e-08, 1.0, amax)
+    return tl.math.div_rn(amax, tl.zeros_like(amax) + 448.0)

@@ -27,16 +27,6 @@ def round_to_dtype(x, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, dtype: tl.con
 
 
 @triton.jit
-def round_bf16_pairs(x):
-    """fp32 -> nearest bf16 (RNE, kept in fp32), on the GPU only: two values per ``cvt.rn.bf16x2.f32``. Converts
-    issue on the quarter-rate unit (16 per SM and clock on sm_90), so pairing halves their cost where that unit
-    bounds a kernel. Same bits as ``round_to_dtype``'s one-value convert."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .b32 p; cvt.rn.bf16x2.f32 p, $3, $2; shl.b32 $0, p, 16; and.b32 $1, p, 0xffff0000; }",
-        "=f,=f,f,f", [x], dtype=tl.float32, is_pure=True, pack=2)
-
-
-@triton.jit
 def widen(x, IS_BF16: tl.constexpr):
     """Loaded values -> fp32; bf16 comes as int16 bits and becomes the top half of an fp32."""
     if IS_BF16:

@@ -3,29 +3,25 @@
 In the CPU interpreter every rounding is spelled out in integer/fp32 arithmetic that mirrors
 ``ocria.plugins.numerics`` (IEEE ``div_rn``, round-half-even through ``+2^23 - 2^23``, E4M3/E2M1
 bytes built by hand), because the interpreter's bf16 and fp8 casts do not round to nearest even.
-On the GPU two steps come cheaper: the hardware RNE convert to bf16, and the quotients by a scale
-(NVFP4 block scales; FP8 scales in [2^-64, 2^119]) as a multiply by the correctly rounded reciprocal
-plus one FMA correction (exact by Markstein's theorem). E4M3 bytes are always built by hand. The
-H200 run of a variant with the ``tl.float8e4nv`` convert (bench/results/silu_quant_h200_run2.json) shows
-two faults: per-token rows whose scale was NaN or inf lost their NaN in ``min(q, 448)`` (all of rows 6
-and 7 of the random input: 12287 bytes), and quotients just above an E4M3 midpoint rounded down (128 of
-the 256 ``e2m1_ties`` at scale 0.02), as a convert through fp16 would. Hence the FMA quotient only for
-tiles whose scales are all finite and in range (other tiles divide), and E4M3 bytes built by hand: PTX's
-direct fp32 convert ``cvt.rn.satfinite.e4m3x2.f32`` gave the same bytes on the H200 but no speed (FP8
-static 1.63-1.92x the memory floor with it, bench/results/silu_quant_h200_run5.json; 1.56-1.88x without, run4).
-``exp`` is libdevice's ``expf`` on the GPU (what PyTorch's CUDA silu calls) and numpy's in the
-interpreter; both agree with PyTorch after rounding silu to bf16 (the CPU tests and
-bench/silu_quant.py on the H200 check every bf16 gate value).
 
-Why the quantized modes are built as they are: they are compute-bound on the H200, by instruction issue and
-by the quarter-rate unit (16 lanes per SM and clock) that runs ``ex2``, ``rcp`` and every float <-> int or
-float -> bf16 convert. So the silu's two bf16 roundings convert two values per ``cvt.rn.bf16x2.f32``
-(``round_bf16_pairs``), and the E4M3/E2M1 codes read their rounded integers from the mantissa bits of a sum
-with 2^23 (E2M1: 2^22, 2^23 or 2^24 by binade) instead of converting floats to ints. That took FP8 static at
-8192 x 6144 from 98.2 us (1.64x the floor, run5) to 79.1 us (1.32x) and NVFP4 from 116.5 us to 102.3 us, all
-bytes still PyTorch's (bench/results/silu_quant_h200_run7.json).
+On the GPU the quantized modes are compute-bound (instruction issue, and the quarter-rate unit that runs ``ex2``,
+``rcp`` and converts), so each step takes the cheapest instructions that still give PyTorch's bytes:
+- the bf16 silu (``fast_silu``): ``ex2.approx`` and ``rcp.approx`` instead of ``expf`` and an IEEE division, both
+  elements of a pair rounded by one ``cvt.rn.bf16x2.f32`` and multiplied by ``mul.rn.bf16x2`` (``_SILU_MUL_BF16X2``).
+  Not IEEE, but with 65536 bf16 inputs the check is complete: bench/silu_quant.py gets PyTorch's bf16 for every
+  gate value and every up value on the H200 (it times the IEEE silu if not). 47 -> 17 SASS instructions per element
+  in bf16 mode (bench/results/silu_quant_sass.json);
+- quotients by a scale (NVFP4 block scales; FP8 scales in [2^-64, 2^119]): a multiply by the correctly rounded
+  reciprocal plus one FMA correction (exact by Markstein's theorem);
+- E4M3 bytes: PTX's single-rounding ``cvt.rn.satfinite.e4m3x2.f32`` of |h| / scale, the sign put back from h's bits
+  (``fp8_codes.e4m3_cvt``); E2M1 codes read their rounded integers from the mantissa bits of a sum with 2^22, 2^23
+  or 2^24 by binade, no float-to-int convert;
+- NaN rows and blocks: a NaN-keeping amax (``fp8_codes.abs_max``), not a second reduction over NaN flags.
+The earlier builds and what each cost are in the README's benchmark table: Triton's ``tl.float8e4nv`` convert went
+through fp16 (midpoints rounded down, bench/results/silu_quant_h200_run2.json), and an E4M3 byte from a signed
+quotient lost the sign of -0, since Triton negates by subtracting from +0 (run14).
 
-Per-token FP8 needs a row's amax before its first byte. Rows up to 12288 wide are held in registers by
+Per-token FP8 needs a row's amax before its first byte. Rows up to 32768 wide are held in registers by
 ``_token_fp8_row_kernel`` (one pass: h computed once); wider ones walk the row twice in ``_silu_mul_quant_kernel``.
 """
 
@@ -37,10 +33,10 @@ from triton.language.extra import libdevice
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.fp8_codes import e4m3_bytes, e4m3_code, quotient, scale_of, token_scale
+from ocria.plugins.fp8_codes import abs_max, e4m3_bytes, e4m3_code, max_nan, quotient, scale_of, token_scale
 from ocria.plugins.launch import pdl_args, pdl_enter
 from ocria.plugins.numerics import NVFP4_BLOCK
-from ocria.plugins.rounding import round_bf16_pairs, round_to_dtype, widen
+from ocria.plugins.rounding import round_to_dtype, widen
 
 MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
 
@@ -58,23 +54,60 @@ def _e2m1_code(q, negative):
     return code | tl.where(negative & (q > 0.0), 8, 0)
 
 
+# The bf16 silu on the GPU (``fast_silu``), two elements per asm block: e = 2^(-g log2 e) by ``ex2.approx`` (libdevice's
+# fast_expf), g / (1 + e) as (g / 4) * rcp.approx((1 + e) / 4) (the quarter keeps the reciprocal of a huge 1 + e,
+# g near -88, a normal number), both rounded to bf16 by one ``cvt.rn.bf16x2.f32``, then times up by ``mul.rn.bf16x2``:
+# its one rounding of the exact product of two bf16 values is the fp32 product's rounding to bf16. Not an IEEE
+# quotient, but the bf16 it rounds to is PyTorch's for every one of the 65536 bf16 gate values (and the product
+# PyTorch's for every bf16 up value), checked on the H200 by bench/silu_quant.py: with 65536 inputs that is complete.
+_SILU_MUL_BF16X2 = tl.constexpr("""{
+.reg .f32 g0, g1, e0, e1, r0, r1;
+.reg .b32 sp, hp;
+shl.b32 g0, $2, 16;
+and.b32 g1, $2, 0xffff0000;
+mul.f32 e0, g0, 0fBFB8AA3B;
+mul.f32 e1, g1, 0fBFB8AA3B;
+ex2.approx.ftz.f32 e0, e0;
+ex2.approx.ftz.f32 e1, e1;
+fma.rn.f32 e0, e0, 0f3E800000, 0f3E800000;
+fma.rn.f32 e1, e1, 0f3E800000, 0f3E800000;
+rcp.approx.ftz.f32 r0, e0;
+rcp.approx.ftz.f32 r1, e1;
+mul.f32 g0, g0, 0f3E800000;
+mul.f32 g1, g1, 0f3E800000;
+mul.f32 g0, g0, r0;
+mul.f32 g1, g1, r1;
+cvt.rn.bf16x2.f32 sp, g1, g0;
+mul.rn.bf16x2 hp, sp, $3;
+shl.b32 $0, hp, 16;
+and.b32 $1, hp, 0xffff0000;
+}""")
+
+
+@triton.jit
+def _silu_mul_bf16x2(g, u):
+    """h = bf16(bf16(silu(g)) * u) as fp32 for bf16 g, u given as int16 bits (GPU only)."""
+    return tl.inline_asm_elementwise(_SILU_MUL_BF16X2, "=f,=f,r,r", [g, u], dtype=tl.float32, is_pure=True, pack=2)
+
+
 @triton.jit
 def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
-                FAST_EXP: tl.constexpr, DT: tl.constexpr):
+                FAST_SILU: tl.constexpr, DT: tl.constexpr):
     """h = silu(gate) * up (GATED) or x itself, in fp32, each op rounded to x's dtype as PyTorch rounds it."""
     if GATED:
-        g = widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
-        u = widen(tl.load(x_ptr + x_offs + N, mask=mask, other=0), IS_BF16)
+        g = tl.load(x_ptr + x_offs, mask=mask, other=0)
+        u = tl.load(x_ptr + x_offs + N, mask=mask, other=0)
+        if ON_GPU and IS_BF16 and FAST_SILU:
+            return _silu_mul_bf16x2(g, u)
+        g = widen(g, IS_BF16)
+        u = widen(u, IS_BF16)
         if ON_GPU:  # libdevice expf is what PyTorch's CUDA silu calls
-            if FAST_EXP:
+            if FAST_SILU:
                 e = libdevice.fast_expf(-g)
             else:
                 e = libdevice.exp(-g)
         else:
             e = tl.exp(-g)
-        if ON_GPU and IS_BF16:
-            s = round_bf16_pairs(tl.math.div_rn(g, 1.0 + e))
-            return round_bf16_pairs(s * u)
         s = round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
         return round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
     else:
@@ -86,8 +119,8 @@ def _silu_mul_quant_kernel(
     x_ptr, out_ptr, scale_ptr, out_scale_ptr,
     M, N, stride_xm, stride_om, stride_sm,
     MODE: tl.constexpr, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
-    FAST_EXP: tl.constexpr, NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-    PDL: tl.constexpr,
+    FAST_SILU: tl.constexpr, NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_CHUNKS: tl.constexpr, PDL: tl.constexpr,
 ):
     # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic, 3 nvfp4. IS_BF16: x (and the bf16 output) travel as
     # int16 bits, widened by a shift, exactly, also for subnormals where the interpreter's bf16 <-> fp32
@@ -104,15 +137,14 @@ def _silu_mul_quant_kernel(
     scale = 1.0
     if MODE == 1 or MODE == 3:
         scale = tl.load(scale_ptr)
-    amax = tl.zeros([BLOCK_M], dtype=tl.float32)
-    nan_rows = tl.zeros([BLOCK_M], dtype=tl.int32)
+    amax = tl.zeros([BLOCK_M], dtype=tl.float32)  # NaN-keeping: a row with a NaN gets a NaN scale
     row_scale = tl.zeros([BLOCK_M], dtype=tl.float32) + scale
     for p in tl.static_range(NPASS):
         for chunk in range(NUM_CHUNKS):
             cols = col_start + chunk * BLOCK_N + tl.arange(0, BLOCK_N)
             mask = rmask[:, None] & (cols < N)[None, :]
             h32 = _activation(x_ptr, rows64[:, None] * stride_xm + cols[None, :], mask, N, GATED, IS_BF16, ON_GPU,
-                              FAST_EXP, DT)
+                              FAST_SILU, DT)
             if p == NPASS - 1:
                 o_offs = rows64[:, None] * stride_om + cols[None, :]
                 if MODE == 0:
@@ -129,13 +161,13 @@ def _silu_mul_quant_kernel(
                 else:
                     NB: tl.constexpr = BLOCK_N // 16
                     hb = tl.reshape(h32, [BLOCK_M, NB, 16])
-                    bnan = tl.max(tl.reshape((h32 != h32).to(tl.int32), [BLOCK_M, NB, 16]), axis=2)
-                    bamax = tl.max(tl.abs(hb), axis=2)
+                    bamax = abs_max(hb, 2)  # NaN for a block with a NaN
+                    bnan = bamax != bamax
                     sc = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0 * scale)
                     sc = tl.minimum(tl.maximum(tl.where(sc == 0.0, 1.0, sc), 0.001953125), 448.0)
                     scode, sc8 = e4m3_code(sc)
-                    scode = tl.where(bnan > 0, 0x7F, scode)
-                    denom = tl.where(bnan > 0, float("nan"), sc8 * scale)[:, :, None]
+                    scode = tl.where(bnan, 0x7F, scode)
+                    denom = tl.where(bnan, float("nan"), sc8 * scale)[:, :, None]
                     inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
                     q = quotient(tl.abs(hb), denom, inv, denom * 8.0, ON_GPU)  # > 6 saturates anyway
                     code = _e2m1_code(q, hb < 0.0)
@@ -149,25 +181,23 @@ def _silu_mul_quant_kernel(
                     tl.store(out_scale_ptr + rows64[:, None] * stride_sm + scols[None, :], scode.to(tl.uint8),
                              mask=smask)
             else:
-                amax = tl.maximum(amax, tl.max(tl.where(mask, tl.abs(h32), 0.0), axis=1))
-                nan_rows = tl.maximum(nan_rows, tl.max((h32 != h32).to(tl.int32), axis=1))
+                amax = max_nan(amax, abs_max(tl.where(mask, h32, 0.0), 1))
         if p == 0 and NPASS == 2:
-            row_scale = scale_of(amax, nan_rows)
+            row_scale = scale_of(amax)
             tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
 
 
 @triton.jit
 def _row_tile(x_ptr, row_off, START: tl.constexpr, W: tl.constexpr, N, GATED: tl.constexpr, IS_BF16: tl.constexpr,
-              ON_GPU: tl.constexpr, FAST_EXP: tl.constexpr, DT: tl.constexpr):
+              ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr, DT: tl.constexpr):
     """h of columns [START, START + W) of one row, as a [1, W] tile (masked lanes load 0, so their h is 0)."""
     cols = START + tl.arange(0, W)
-    return _activation(x_ptr, row_off + cols[None, :], (cols < N)[None, :], N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
+    return _activation(x_ptr, row_off + cols[None, :], (cols < N)[None, :], N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
 
 
 @triton.jit
-def _row_stats(h, amax, nan_rows):
-    return (tl.maximum(amax, tl.max(tl.abs(h), axis=1)),
-            tl.maximum(nan_rows, tl.max((h != h).to(tl.int32), axis=1)))
+def _row_amax(h, amax):
+    return max_nan(amax, abs_max(h, 1))
 
 
 @triton.jit
@@ -179,7 +209,7 @@ def _store_row_tile(out_ptr, out_off, h, row_scale, START: tl.constexpr, W: tl.c
 @triton.jit
 def _token_fp8_row_kernel(
     x_ptr, out_ptr, out_scale_ptr, N, stride_xm, stride_om, stride_sm,
-    GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, FAST_EXP: tl.constexpr,
+    GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
     W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, PDL: tl.constexpr,
 ):
     # Per-token FP8 in one pass, one program per row: the row's h is held in registers as up to four
@@ -193,19 +223,18 @@ def _token_fp8_row_kernel(
     row = tl.program_id(0).to(tl.int64)
     x_off = row * stride_xm
     amax = tl.zeros([1], dtype=tl.float32)
-    nan_rows = tl.zeros([1], dtype=tl.int32)
-    h0 = _row_tile(x_ptr, x_off, 0, W0, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
-    amax, nan_rows = _row_stats(h0, amax, nan_rows)
+    h0 = _row_tile(x_ptr, x_off, 0, W0, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    amax = _row_amax(h0, amax)
     if W1 > 0:
-        h1 = _row_tile(x_ptr, x_off, O1, W1, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
-        amax, nan_rows = _row_stats(h1, amax, nan_rows)
+        h1 = _row_tile(x_ptr, x_off, O1, W1, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+        amax = _row_amax(h1, amax)
     if W2 > 0:
-        h2 = _row_tile(x_ptr, x_off, O2, W2, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
-        amax, nan_rows = _row_stats(h2, amax, nan_rows)
+        h2 = _row_tile(x_ptr, x_off, O2, W2, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+        amax = _row_amax(h2, amax)
     if W3 > 0:
-        h3 = _row_tile(x_ptr, x_off, O3, W3, N, GATED, IS_BF16, ON_GPU, FAST_EXP, DT)
-        amax, nan_rows = _row_stats(h3, amax, nan_rows)
-    row_scale = scale_of(amax, nan_rows)
+        h3 = _row_tile(x_ptr, x_off, O3, W3, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+        amax = _row_amax(h3, amax)
+    row_scale = scale_of(amax)
     tl.store(out_scale_ptr + row * stride_sm + tl.arange(0, 1), row_scale)
     out_off = row * stride_om
     _store_row_tile(out_ptr, out_off, h0, row_scale, 0, W0, N, ON_GPU)
@@ -217,9 +246,10 @@ def _token_fp8_row_kernel(
         _store_row_tile(out_ptr, out_off, h3, row_scale, O3, W3, N, ON_GPU)
 
 
-def row_tiles(N: int, min_tile: int = 256, max_tiles: int = 4) -> tuple[int, int, int, int]:
+def row_tiles(N: int, min_tile: int, max_tiles: int = 4) -> tuple[int, int, int, int]:
     """Power-of-two tile widths (zero-padded to four) that cover a row of N: the binary digits of N from the
-    top, down to ``min_tile``; what is left (or what a fourth digit would not cover) is one last, masked tile."""
+    top, down to ``min_tile``; what is left (or what a fourth digit would not cover) is one last, masked tile.
+    The launcher takes ``min_tile`` = 8 elements per thread, so no tile loads less than 16 bytes per thread."""
     tiles, rest = [], N
     while rest >= min_tile and len(tiles) < max_tiles - 1:
         tiles.append(1 << (rest.bit_length() - 1))
@@ -238,28 +268,24 @@ def _compiled(kernel, device: torch.device):
 
 
 def default_config(mode: str, M: int, N: int) -> dict:
-    """Rows x columns per program and warps: the fastest per mode (or within 0.5% of it) of the sweep at
-    4096 x 12288 in bench/results/silu_quant_h200_run7.json, with libdevice ``fast_expf``, which gave PyTorch's bytes
-    for every bf16 gate value.
+    """Rows x columns per program and warps, from the sweep at 4096 x 12288 in bench/results/silu_quant_h200_run16.json
+    (each default within 1% of the best there: bf16 74.0 us, FP8 static 62.7 against 62.0, NVFP4 82.4), with the
+    approximate bf16 silu, exact for every bf16 gate and up value in that run.
 
-    Per-token FP8 (sweeps at 4096 rows of 6144, 12288 and 18944 columns, bench/results/silu_quant_h200_run12.json):
-    rows up to 12288 wide are held in registers by ``_token_fp8_row_kernel``, about 48 values per thread (4 warps
-    up to 6144 columns, 8 above), so h is computed once: 6144 columns 59.8 us, 12288 columns 123.8 us, against
-    78.8 and 160.3 for the best two-pass tiles. Wider rows would hold more there, and walk their chunks twice
-    instead, amax then bytes (18944: 261 us, against 292 for the best ``row_tiles`` launch): from 1024 rows (a
-    program per row fills the GPU) 1024-column chunks with 4 warps (bench/results/silu_quant_h200_run10.json),
-    below that 2048-column chunks with 8 warps (fewer steps per program: 1.5x faster at 1 to 128 rows, run10
-    against run9). Programs striding over rows and prefetching the next one into L2 were no faster (run11), nor was
-    holding h as bf16 bits, half the registers (within 2% at 8 warps and 6144 or 12288 columns, run13)."""
+    Per-token FP8 (the same run's sweeps at 4096 rows of 6144, 12288 and 18944 columns): the row held in registers by
+    ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
+    (36.2 us), 8 up to 12288 (71.7 us), 16 above (18944: 116.6 us), against 47.3, 89.6 and 162.2 us for the best
+    two-pass chunks. Rows wider than 32768 (not measured since run 10) walk their chunks twice, amax then bytes:
+    1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (bench/results/silu_quant_h200_run10.json)."""
     if mode == "fp8_dynamic":
-        if N <= 12288:
-            return {"row_tiles": True, "num_warps": 4 if N <= 6144 else 8, "fast_exp": True}
+        if N <= 32768:
+            return {"row_tiles": True, "num_warps": 4 if N <= 6144 else 8 if N <= 12288 else 16, "fast_silu": True}
         if M >= 1024:
-            return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_exp": True}
-        return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_exp": True}
+            return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_silu": True}
+        return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_silu": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
-    return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_exp": True}
+    return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_silu": True}
 
 
 def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
@@ -272,11 +298,11 @@ def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
 
 def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int, gated: bool, as_bits: bool,
                       cfg: dict) -> None:
-    w0, w1, w2, w3 = row_tiles(N)
+    w0, w1, w2, w3 = row_tiles(N, min_tile=8 * 32 * cfg["num_warps"])
     dev = x.device
     _compiled(_token_fp8_row_kernel, dev)[(M,)](
         x, out, out_scale, N, x.stride(0), out.stride(0), out_scale.stride(0),
-        GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
+        GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"],
         W0=w0, W1=w1, W2=w2, W3=w3, num_warps=cfg["num_warps"], **pdl_args(dev),
     )
 
@@ -325,7 +351,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
         _compiled(_silu_mul_quant_kernel, dev)[grid](
             x_arg, out_arg, scale if scale is not None else out, out_scale if out_scale is not None else out,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
-            MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_EXP=cfg["fast_exp"],
+            MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"],
             NPASS=passes,
             BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"], **pdl_args(dev),
         )
