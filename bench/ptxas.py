@@ -30,7 +30,7 @@ def ptxas() -> str:
 
 
 def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: int = 3,
-                 divisible_by_16: tuple[str, ...] = ()) -> dict:
+                 divisible_by_16: tuple[str, ...] = (), maxnreg: int | None = None) -> dict:
     """``kernel`` with runtime argument types ``types`` (e.g. ``"*bf16"``, ``"i32"``) and constexprs ``consts``:
     its PTX, SASS, registers per thread, spill bytes, shared memory and SASS opcode counts. ``divisible_by_16``
     names the arguments a real launch would specialize as multiples of 16 (aligned pointers, sizes, strides):
@@ -40,8 +40,8 @@ def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: 
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                     attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps,
-                                                                                      num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         ptx_path, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")

@@ -12,7 +12,15 @@ import argparse
 from ptxas import compile_report, compile_sm90
 from timing import save_json
 
-from ocria.plugins.silu_quant.kernel import MODE_IDS, _silu_mul_quant_kernel, default_config, tiling
+from ocria.plugins.silu_quant.kernel import (
+    MODE_IDS,
+    _silu_mul_quant_kernel,
+    _token_fp8_row_kernel,
+    default_config,
+    row_registers,
+    row_tiles,
+    tiling,
+)
 
 # What a launch specializes (aligned pointers, widths and row strides multiples of 16): without it the loads
 # compile unvectorized, unlike the kernel that runs.
@@ -23,6 +31,8 @@ TYPES = dict(x_ptr="*i16", out_ptr="*u8", scale_ptr="*fp32", out_scale_ptr="*fp3
 
 def stats(mode: str, n: int, cfg: dict) -> dict:
     """One gated bf16 launch of ``mode`` at width n with ``cfg`` (keys of ``default_config``)."""
+    if cfg.get("row_tiles"):
+        return row_stats(n, cfg)
     block_n, chunks, passes = tiling(mode, n, cfg)
     consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"],
                   NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks, PDL=False)
@@ -37,17 +47,33 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
                 top_opcodes=dict(sorted(out["opcodes"].items(), key=lambda kv: -kv[1])[:8]))
 
 
+def row_stats(n: int, cfg: dict) -> dict:
+    """Per-token FP8's one-pass launch (``_token_fp8_row_kernel``, the row in registers), with its register cap."""
+    warps = cfg["num_warps"]
+    tiles = row_tiles(n, min_tile=8 * 32 * warps)
+    consts = dict(GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"], PDL=False,
+                  **{f"W{i}": w for i, w in enumerate(tiles)})
+    types = dict(x_ptr="*i16", out_ptr="*u8", out_scale_ptr="*fp32", N="i32", stride_xm="i32", stride_om="i32",
+                 stride_sm="i32")
+    out = compile_sm90(_token_fp8_row_kernel, types, consts, warps, divisible_by_16=DIVISIBLE_BY_16[:2] + (
+        "out_scale_ptr", "N", "stride_xm", "stride_om"), maxnreg=row_registers(warps))
+    per_thread = sum(tiles) / (32 * warps)
+    return dict(mode="fp8_dynamic", width=n, config=cfg, tile=[1, sum(tiles)], passes=1,
+                registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],
+                instructions=out["instructions"], instructions_per_element=out["instructions"] / per_thread,
+                top_opcodes=dict(sorted(out["opcodes"].items(), key=lambda kv: -kv[1])[:8]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--widths", type=int, nargs="+", default=[6144, 12288, 18944])
     ap.add_argument("--out", default="bench/results/silu_quant_sass.json")
     args = ap.parse_args()
-    per_token = [{"block_m": 1, "block_n": bn, "num_warps": w, "fast_silu": True}  # block_n 0: the whole row
-                 for bn, w in ((4096, 8), (0, 8), (0, 16), (0, 32))]
+    two_pass = {"block_m": 1, "block_n": 4096, "num_warps": 8, "fast_silu": True}  # per-token FP8, for comparison
     rows = []
     for n in args.widths:
         for mode in MODE_IDS:
-            for cfg in per_token if mode == "fp8_dynamic" else [default_config(mode, 4096, n)]:
+            for cfg in [default_config(mode, 4096, n)] + ([two_pass] if mode == "fp8_dynamic" else []):
                 rows.append(stats(mode, n, cfg))
     save_json(compile_report(rows), args.out)
     print(f"{'N':>6} {'mode':12} {'tile':>12} {'warps':>5} {'passes':>6} {'regs':>4} {'spill B':>7} {'instr/elem':>10}")

@@ -126,11 +126,11 @@ def test_row_tiles_cover_the_row_with_one_masked_tile_at_most(n, min_tile, tiles
     assert sum(present[:-1]) < n <= sum(present)
 
 
-@pytest.mark.parametrize("n", [1536, 1000, 2320])
-def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n):
-    """The row held as power-of-two tiles (1536 = 1024 + 512; 1000 and 2320 end in a masked tile): gated bf16 with
-    a NaN row, a zero row and an inf, and plain fp32."""
-    cfg = {"row_tiles": True, "num_warps": 4, "fast_silu": False}
+@pytest.mark.parametrize("n, warps", [(1536, 4), (1000, 4), (2320, 4), (5000, 16)])
+def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n, warps):
+    """The row held as power-of-two tiles (1536 = 1024 + 512; 1000, 2320 and, with 16 warps and its register cap,
+    5000 = 4096 + a masked 1024 end in a masked tile): gated bf16 with a NaN row, a zero row and an inf, and fp32."""
+    cfg = {"row_tiles": True, "num_warps": warps, "fast_silu": False}
     torch.manual_seed(n)
     gate_up = (torch.randn(5, 2 * n) * 3).to(torch.bfloat16)
     gate_up[1, 7] = float("nan")

@@ -91,6 +91,38 @@ def _silu_mul_bf16x2(g, u):
 
 
 @triton.jit
+def _rcp(d):
+    """1/d as the IEEE division's fast path has it before its final quotient: ``rcp.approx`` and one Newton step.
+    ``quotient`` with it is that fast path, correctly rounded where its operands need no range fix-up (GPU only)."""
+    y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [d], dtype=tl.float32, is_pure=True, pack=1)
+    return tl.fma(y, tl.fma(-d, y, 1.0), y)
+
+
+@triton.jit
+def _nvfp4_block_scales(bamax, scale, ON_GPU: tl.constexpr):
+    """(E4M3 scale codes, fp32 divisors, their reciprocals) of NVFP4 blocks with amax ``bamax`` (NaN for a block with
+    a NaN: code 0x7F, NaN divisor) under the global ``scale``: code of clamp(RN(amax / (6 scale)), 2^-9, 448), 1 for
+    an all-zero block. On the GPU, for global scales in [2^-60, 64], the quotient and the reciprocal are the IEEE
+    division's fast path without its range check: operands there stay clear of overflow, and a quotient under 2^-9
+    is clamped anyway (a zero one comes only from a zero amax); other scales divide."""
+    s6 = 6.0 * scale
+    fast = (scale >= 8.673617379884035e-19) & (scale <= 64.0)
+    if ON_GPU and fast:
+        sc = quotient(bamax, s6, _rcp(s6), s6 * 896.0, ON_GPU)
+    else:
+        sc = tl.math.div_rn(bamax, tl.zeros_like(bamax) + s6)
+    sc = tl.minimum(tl.maximum(tl.where(sc == 0.0, 1.0, sc), 0.001953125), 448.0)
+    scode, sc8 = e4m3_code(sc)
+    bnan = bamax != bamax
+    denom = tl.where(bnan, float("nan"), sc8 * scale)
+    if ON_GPU and fast:
+        inv = _rcp(denom)
+    else:
+        inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
+    return tl.where(bnan, 0x7F, scode), denom[:, :, None], inv[:, :, None]
+
+
+@triton.jit
 def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
                 FAST_SILU: tl.constexpr, DT: tl.constexpr):
     """h = silu(gate) * up (GATED) or x itself, in fp32, each op rounded to x's dtype as PyTorch rounds it."""
@@ -161,14 +193,7 @@ def _silu_mul_quant_kernel(
                 else:
                     NB: tl.constexpr = BLOCK_N // 16
                     hb = tl.reshape(h32, [BLOCK_M, NB, 16])
-                    bamax = abs_max(hb, 2)  # NaN for a block with a NaN
-                    bnan = bamax != bamax
-                    sc = tl.math.div_rn(bamax, tl.zeros_like(bamax) + 6.0 * scale)
-                    sc = tl.minimum(tl.maximum(tl.where(sc == 0.0, 1.0, sc), 0.001953125), 448.0)
-                    scode, sc8 = e4m3_code(sc)
-                    scode = tl.where(bnan, 0x7F, scode)
-                    denom = tl.where(bnan, float("nan"), sc8 * scale)[:, :, None]
-                    inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
+                    scode, denom, inv = _nvfp4_block_scales(abs_max(hb, 2), scale, ON_GPU)
                     q = quotient(tl.abs(hb), denom, inv, denom * 8.0, ON_GPU)  # > 6 saturates anyway
                     code = _e2m1_code(q, hb < 0.0)
                     lo, hi = tl.split(tl.reshape(code, [BLOCK_M, BLOCK_N // 2, 2]))
@@ -268,15 +293,15 @@ def _compiled(kernel, device: torch.device):
 
 
 def default_config(mode: str, M: int, N: int) -> dict:
-    """Rows x columns per program and warps, from the sweep at 4096 x 12288 in bench/results/silu_quant_h200_run16.json
-    (each default within 1% of the best there: bf16 74.0 us, FP8 static 62.7 against 62.0, NVFP4 82.4), with the
+    """Rows x columns per program and warps, from the sweep at 4096 x 12288 in bench/results/silu_quant_h200_run18.json
+    (bf16 73.7 us and FP8 static 61.8, the best there; NVFP4 80.1 against 79.2 for 4 x 1024 tiles), with the
     approximate bf16 silu, exact for every bf16 gate and up value in that run.
 
     Per-token FP8 (the same run's sweeps at 4096 rows of 6144, 12288 and 18944 columns): the row held in registers by
     ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
-    (36.2 us), 8 up to 12288 (71.7 us), 16 above (18944: 116.6 us), against 47.3, 89.6 and 162.2 us for the best
-    two-pass chunks. Rows wider than 32768 (not measured since run 10) walk their chunks twice, amax then bytes:
-    1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (bench/results/silu_quant_h200_run10.json)."""
+    (36.4 us), 8 up to 12288 (70.4 us), 16 above (18944: 116.7 us), each the best there, against 46.7, 87.9 and
+    162.0 us for the best two-pass chunks. Rows wider than 32768 (not measured since run 10) walk their chunks twice,
+    amax then bytes: 1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
     if mode == "fp8_dynamic":
         if N <= 32768:
             return {"row_tiles": True, "num_warps": 4 if N <= 6144 else 8 if N <= 12288 else 16, "fast_silu": True}
@@ -296,14 +321,25 @@ def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
     return block_n, chunks, 2 if chunks > 1 else 1
 
 
+def row_registers(num_warps: int) -> int | None:
+    """Register cap of a ``_token_fp8_row_kernel`` launch with 16 or more warps: two programs per SM (64 registers at
+    16 warps, where the row kernel fits without spills). A 121-register build of the 16-warp kernel (one program per
+    SM) ran 18944-wide rows at 163.7 us against 116.6 (bench/results/silu_quant_h200_run17.json against run16).
+    Narrower programs are left to ptxas: a cap of two per SM would let it take 120-125 registers where it now takes
+    68 (bench/silu_quant_sass.py)."""
+    return 65536 // (2 * 32 * num_warps) if num_warps >= 16 else None
+
+
 def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int, gated: bool, as_bits: bool,
                       cfg: dict) -> None:
     w0, w1, w2, w3 = row_tiles(N, min_tile=8 * 32 * cfg["num_warps"])
+    cap = row_registers(cfg["num_warps"])
     dev = x.device
     _compiled(_token_fp8_row_kernel, dev)[(M,)](
         x, out, out_scale, N, x.stride(0), out.stride(0), out_scale.stride(0),
         GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"],
         W0=w0, W1=w1, W2=w2, W3=w3, num_warps=cfg["num_warps"], **pdl_args(dev),
+        **({"maxnreg": cap} if cap else {}),
     )
 
 
