@@ -39,9 +39,14 @@ SWEEP = [(1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (2, 2048, 8), (4, 1024, 4), (
 SWEEP_DYNAMIC = [{"block_m": 1, "block_n": bn, "num_warps": w}  # block_n 0: the whole row as one tile
                  for bn, w in ((1024, 4), (1024, 8), (2048, 8), (4096, 8), (0, 16))]
 SWEEP_DYNAMIC += [{"row_tiles": True, "num_warps": w} for w in (4, 8, 16)]  # one pass, the row in registers
+SWEEP_DYNAMIC += [{"row_tiles": True, "num_warps": w, "max_registers": 64} for w in (4, 8)]
 ONE_AND_TWO_PASS = {"row_tiles": {"row_tiles": True, "num_warps": 8, "fast_silu": False},
                     "two_pass": {"block_m": 1, "block_n": 16, "num_warps": 4, "fast_silu": False}}
 DYNAMIC_WIDTHS = (6144, 18944)  # per-token FP8 chunks its rows by width: swept at these too
+# 1024 rows of per-token FP8 are about one wave of row programs: the row kernel with and without a 64-register cap
+# (8 programs of 4 warps per SM instead of 7; 16 warps are capped at 64 anyway)
+SWEEP_ROWS_1024 = [{"row_tiles": True, "num_warps": w} for w in (4, 8, 16)]
+SWEEP_ROWS_1024 += [{"row_tiles": True, "num_warps": w, "max_registers": 64} for w in (4, 8)]
 
 
 def unfused(gate_up: torch.Tensor, mode: str, scale: torch.Tensor | None):
@@ -136,25 +141,31 @@ def correctness(scales: dict, dev: str) -> list[dict]:
 
 
 def sweep(scales: dict, fast: bool, modes: list[str]) -> dict:
-    """Best (rows, columns, warps) per mode at 4096 tokens x 12288, and for per-token FP8 also at the widths of
-    DYNAMIC_WIDTHS (keys ``fp8_dynamic@N``), timed like the table; a config whose bytes differ from the default's
-    is recorded and never best."""
+    """Best (rows, columns, warps) per mode at 4096 tokens x 12288; for per-token FP8 also at 4096 tokens of the
+    widths of DYNAMIC_WIDTHS (keys ``fp8_dynamic@N``) and, for its one-pass row kernel with and without a register
+    cap, at 1024 tokens of every width (``fp8_dynamic@1024xN``). Timed like the table (rotating input copies); a
+    config whose bytes differ from the default's is recorded and never best."""
     best, log = {}, []
-    for width in (12288, *DYNAMIC_WIDTHS):
-        xs = [(torch.randn(4096, 2 * width, device="cuda") * 3).to(torch.bfloat16)]
-        for mode in [m for m in modes if width == 12288 or m == "fp8_dynamic"]:
-            key = mode if width == 12288 else f"{mode}@{width}"
+    points = [(4096, 12288, modes)] + [(4096, w, ["fp8_dynamic"]) for w in DYNAMIC_WIDTHS]
+    points += [(1024, w, ["fp8_dynamic"]) for w in (6144, 12288, 18944)]
+    for rows, width, point_modes in points:
+        copies = max(1, min(64, -(-ROTATE_BYTES // (rows * 4 * width))))
+        xs = [(torch.randn(rows, 2 * width, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
+        for mode in [m for m in point_modes if m in modes]:
+            key = mode if width == 12288 and rows == 4096 else f"{mode}@{width}" if rows == 4096 else \
+                f"{mode}@{rows}x{width}"
             want = silu_mul_quant_triton(xs[0], mode, scales[mode])
-            configs = SWEEP_DYNAMIC if mode == "fp8_dynamic" else [
+            configs = SWEEP_ROWS_1024 if rows == 1024 else SWEEP_DYNAMIC if mode == "fp8_dynamic" else [
                 {"block_m": bm, "block_n": bn, "num_warps": warps} for bm, bn, warps in SWEEP]
             for cfg in configs:
                 cfg = {**cfg, "fast_silu": fast}
                 same = _mismatches(silu_mul_quant_triton(xs[0], mode, scales[mode], cfg), want) == 0
                 us = time_calls([lambda x=x, md=mode, c=cfg: silu_mul_quant_triton(x, md, scales[md], c) for x in xs],
-                                5)
+                                5 if rows == 4096 else 20)
                 log.append({"mode": key, "config": cfg, "us": us, "same_bytes_as_default": same})
                 if same and (key not in best or us < best[key]["us"]):
                     best[key] = {"config": cfg, "us": us}
+        del xs
     return {"best": best, "tried": log}
 
 

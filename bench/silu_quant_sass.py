@@ -17,7 +17,6 @@ from ocria.plugins.silu_quant.kernel import (
     _silu_mul_quant_kernel,
     _token_fp8_row_kernel,
     default_config,
-    row_registers,
     row_tiles,
     tiling,
 )
@@ -48,7 +47,7 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
 
 
 def row_stats(n: int, cfg: dict) -> dict:
-    """Per-token FP8's one-pass launch (``_token_fp8_row_kernel``, the row in registers), with its register cap."""
+    """Per-token FP8 in one pass (``_token_fp8_row_kernel``, the row in registers), with its register cap if any."""
     warps = cfg["num_warps"]
     tiles = row_tiles(n, min_tile=8 * 32 * warps)
     consts = dict(GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"], PDL=False,
@@ -56,7 +55,7 @@ def row_stats(n: int, cfg: dict) -> dict:
     types = dict(x_ptr="*i16", out_ptr="*u8", out_scale_ptr="*fp32", N="i32", stride_xm="i32", stride_om="i32",
                  stride_sm="i32")
     out = compile_sm90(_token_fp8_row_kernel, types, consts, warps, divisible_by_16=DIVISIBLE_BY_16[:2] + (
-        "out_scale_ptr", "N", "stride_xm", "stride_om"), maxnreg=row_registers(warps))
+        "out_scale_ptr", "N", "stride_xm", "stride_om"), maxnreg=cfg.get("max_registers"))
     per_thread = sum(tiles) / (32 * warps)
     return dict(mode="fp8_dynamic", width=n, config=cfg, tile=[1, sum(tiles)], passes=1,
                 registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],

@@ -292,6 +292,12 @@ def _compiled(kernel, device: torch.device):
     return kernel
 
 
+# Per-token FP8 row programs: a register cap that keeps 32 warps per SM resident, and the rows from which 4- and 8-warp
+# launches take it (``default_config``).
+ROW_MAX_REGISTERS = 64
+CAPPED_FROM_ROWS = 1024
+
+
 def default_config(mode: str, M: int, N: int) -> dict:
     """Rows x columns per program and warps, from the sweep at 4096 x 12288 in bench/results/silu_quant_h200_run18.json
     (bf16 73.7 us and FP8 static 61.8, the best there; NVFP4 80.1 against 79.2 for 4 x 1024 tiles), with the
@@ -300,11 +306,18 @@ def default_config(mode: str, M: int, N: int) -> dict:
     Per-token FP8 (the same run's sweeps at 4096 rows of 6144, 12288 and 18944 columns): the row held in registers by
     ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
     (36.4 us), 8 up to 12288 (70.4 us), 16 above (18944: 116.7 us), each the best there, against 46.7, 87.9 and
-    162.0 us for the best two-pass chunks. Rows wider than 32768 (not measured since run 10) walk their chunks twice,
-    amax then bytes: 1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
+    162.0 us for the best two-pass chunks. Registers capped at ``ROW_MAX_REGISTERS`` (32 warps per SM; a few bytes of
+    spills at 4 and 8 warps): always at 16 warps, where a build at 121 registers ran 18944-wide rows at 163.7 us against
+    116.6 (silu_quant_h200_run17.json against run16); at 4 and 8 warps from ``CAPPED_FROM_ROWS`` rows, where it pays
+    (silu_quant_h200_run20.json: 1024 rows of 6144 11.63 -> 10.55 us, of 12288 21.79 -> 19.58; 4096 rows 35.67 -> 34.54
+    and 70.59 -> 66.62) and not below (1 to 128 rows 2-4% slower with it: run20's table against run19's). Rows wider
+    than 32768 (not measured since run 10) walk their chunks twice, amax then bytes: 1024-column chunks with 4 warps
+    from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
     if mode == "fp8_dynamic":
         if N <= 32768:
-            return {"row_tiles": True, "num_warps": 4 if N <= 6144 else 8 if N <= 12288 else 16, "fast_silu": True}
+            warps = 4 if N <= 6144 else 8 if N <= 12288 else 16
+            cap = {"max_registers": ROW_MAX_REGISTERS} if warps == 16 or M >= CAPPED_FROM_ROWS else {}
+            return {"row_tiles": True, "num_warps": warps, "fast_silu": True, **cap}
         if M >= 1024:
             return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_silu": True}
         return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_silu": True}
@@ -321,19 +334,10 @@ def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
     return block_n, chunks, 2 if chunks > 1 else 1
 
 
-def row_registers(num_warps: int) -> int | None:
-    """Register cap of a ``_token_fp8_row_kernel`` launch with 16 or more warps: two programs per SM (64 registers at
-    16 warps, where the row kernel fits without spills). A 121-register build of the 16-warp kernel (one program per
-    SM) ran 18944-wide rows at 163.7 us against 116.6 (bench/results/silu_quant_h200_run17.json against run16).
-    Narrower programs are left to ptxas: a cap of two per SM would let it take 120-125 registers where it now takes
-    68 (bench/silu_quant_sass.py)."""
-    return 65536 // (2 * 32 * num_warps) if num_warps >= 16 else None
-
-
 def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int, gated: bool, as_bits: bool,
                       cfg: dict) -> None:
     w0, w1, w2, w3 = row_tiles(N, min_tile=8 * 32 * cfg["num_warps"])
-    cap = row_registers(cfg["num_warps"])
+    cap = cfg.get("max_registers")
     dev = x.device
     _compiled(_token_fp8_row_kernel, dev)[(M,)](
         x, out, out_scale, N, x.stride(0), out.stride(0), out_scale.stride(0),
