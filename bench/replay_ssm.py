@@ -376,7 +376,10 @@ def main() -> None:
     p.add_argument("--launch-ab", action="store_true", help=ab_help)
     previous_help = "--launch-ab: an earlier result file whose rows are quoted beside the new ones"
     p.add_argument("--previous", default="bench/results/replay_ssm_h200.json", help=previous_help)
+    p.add_argument("--no-overlap", action="store_true", help="T > 1: launch the verify kernel after the prep kernel "
+                   "has finished (kernel.OVERLAP_PREP off), for an A/B")
     args = p.parse_args()
+    K.OVERLAP_PREP = not args.no_overlap
     device = torch.device(args.device)
     heads = tuple(args.heads)
     rotate = args.rotate_mib << 20
@@ -387,6 +390,7 @@ def main() -> None:
         command="python3 " + shlex.join(sys.argv),
         torch=torch.__version__, triton=triton.__version__, fla=fla_status,
         heads=dict(Hk=heads[0], Hv=heads[1], Dk=heads[2], Dv=heads[2]), state_dtype="float32", input_dtype="bfloat16",
+        overlap_prep=K.OVERLAP_PREP,
     )  # fmt: skip
 
     def save():  # after every row, so a run cut short still leaves its rows

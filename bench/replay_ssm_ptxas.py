@@ -29,7 +29,8 @@ DIVISIBLE_BY_16 = tuple(n for n, t in _TYPES.items() if t.startswith("*")) + ("s
 def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
     Hk, Hv, D = heads
     consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, TP=16, PREC=precision,
-                  ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V, PDL=False)
+                  ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V, PDL=False,
+                  OVERLAP=not one_token)  # as launched on Hopper: T > 1 beside the prep kernel
     out = compile_sm90(_replay_verify_kernel, _TYPES, consts, num_warps, divisible_by_16=DIVISIBLE_BY_16)
     ptx = out["ptx"]
     tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
@@ -43,7 +44,7 @@ def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool,
 def prep_stats(precision: str, heads=(16, 32, 128)) -> dict:
     """The T x T prep kernel (one program per key head and batch row) for T > 1."""
     Hk, Hv, D = heads
-    consts = dict(HK=Hk, HV=Hv, DK=D, BK=D, TP=16, PREC=precision, PDL=False)
+    consts = dict(HK=Hk, HV=Hv, DK=D, BK=D, TP=16, PREC=precision, PDL=False, OVERLAP=True)
     aligned = tuple(n for n in DIVISIBLE_BY_16 if n in _chunk_prep_kernel.arg_names)
     out = compile_sm90(_chunk_prep_kernel, _TYPES, consts, 4, divisible_by_16=aligned)
     return dict(kernel="chunk_prep", num_warps=4, precision=precision, registers=out["registers"],

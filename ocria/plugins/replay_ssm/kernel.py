@@ -45,10 +45,11 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.launch import capability, pdl_args, pdl_enter
 from ocria.plugins.switch import batch_invariant
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
@@ -70,6 +71,9 @@ PREP_WARPS = 2
 # (bench/results/invariance_replay_tiles_h200.json).
 INVARIANT_BLOCK_V = 16
 INVARIANT_WARPS = 1
+# T > 1 on Hopper: the verify kernel is launched with PDL beside _chunk_prep_kernel, which lets it start at once; its
+# programs load and fold their state while the prep runs and wait for the prep only before they read its output.
+OVERLAP_PREP = True
 
 
 @triton.jit
@@ -226,15 +230,17 @@ def _chunk_prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr, slot_ptr,
     mats_ptr, q_scale_ptr, T, Tmax, scale, eps, sq, sk, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
-    PREC: tl.constexpr, PDL: tl.constexpr,
+    PREC: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
     """The state-independent T x T work of a verify chunk, once per (value head, batch row) instead of in
     every state tile: L2-norms, gates, the triangular inverse and the decayed scores. Writes the log-decays
     to the ring (park half), and per value head ``mats`` [B, Hv, 2, TP, TP]: (I + A)^-1 with column j
     scaled by beta_j, and the causal decayed scores P_ij = exp(G_i - G_j) q_i.k_j (j <= i). The first value
     head of each key head also parks the normalised keys and writes each row's query scale to ``q_scale``
-    [B, T, Hk]."""
+    [B, T, Hk]. With OVERLAP the verify launch after it may start at once: it folds its state first."""
     pdl_enter(PDL)
+    if OVERLAP and not PDL:
+        gdc_launch_dependents()
     i_h, i_b = tl.program_id(0), tl.program_id(1)
     hk = i_h // (HV // HK)
     rt = tl.arange(0, TP)
@@ -276,9 +282,10 @@ def _replay_verify_kernel(
     mats_ptr, q_scale_ptr, o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
-    ONE_TOKEN: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    ONE_TOKEN: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
-    pdl_enter(PDL)
+    if not OVERLAP:
+        pdl_enter(PDL)
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = i_h // (HV // HK)
     rt = tl.arange(0, TP)
@@ -306,6 +313,8 @@ def _replay_verify_kernel(
     else:
         St = _fold_one(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
     tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
+    if OVERLAP:  # launched beside _chunk_prep_kernel: what the fold read was written before it; what follows it wrote
+        pdl_enter(True)
 
     park = (slot * 2 + 1 - phase) * Tmax
     if ONE_TOKEN:
@@ -495,19 +504,22 @@ def replay_verify_kernel(
     # Scratch of the T x T prep (T > 1; T = 1 passes the state, unread): per value head (I + A)^-1 diag(beta)
     # and P, per row q's scale.
     mats = q_scale = state
+    overlap = T > 1 and OVERLAP_PREP and v.device.type == "cuda" and capability(v.device.index) >= (9, 0)
     if T > 1:
         mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
         q_scale = torch.empty((B, T, Hk), dtype=torch.float32, device=v.device)
         _chunk_prep_kernel[(Hv, B)](
             q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, q_scale,
             T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,
-            HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, **pdl_args(v.device),
+            HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap,
+            **pdl_args(v.device),
         )  # fmt: skip
+    launch = {"PDL": True, "launch_pdl": True} if overlap else pdl_args(v.device)
     _replay_verify_kernel[(triton.cdiv(Dv, BV), Hv, B)](
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
         mats, q_scale, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, TP=TP, PREC=precision, ONE_TOKEN=T == 1,
-        PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, num_warps=num_warps, **pdl_args(v.device),
+        PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, OVERLAP=overlap, num_warps=num_warps, **launch,
         **({"maxnreg": max_registers} if max_registers else {}),
     )  # fmt: skip
     return o
