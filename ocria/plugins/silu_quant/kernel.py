@@ -307,12 +307,12 @@ def default_config(mode: str, M: int, N: int) -> dict:
     ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
     (36.4 us), 8 up to 12288 (70.4 us), 16 above (18944: 116.7 us), each the best there, against 46.7, 87.9 and
     162.0 us for the best two-pass chunks. Registers capped at ``ROW_MAX_REGISTERS`` (32 warps per SM; a few bytes of
-    spills at 4 and 8 warps): always at 16 warps, where a build at 121 registers ran 18944-wide rows at 163.7 us against
-    116.6 (silu_quant_h200_run17.json against run16); at 4 and 8 warps from ``CAPPED_FROM_ROWS`` rows, where it pays
-    (silu_quant_h200_run20.json: 1024 rows of 6144 11.63 -> 10.55 us, of 12288 21.79 -> 19.58; 4096 rows 35.67 -> 34.54
-    and 70.59 -> 66.62) and not below (1 to 128 rows 2-4% slower with it: run20's table against run19's). Rows wider
-    than 32768 (not measured since run 10) walk their chunks twice, amax then bytes: 1024-column chunks with 4 warps
-    from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
+    spills at 4 and 8 warps): always at 16 warps, where a build at 121 registers (silu_quant_sass_row16_remainder.json)
+    ran 18944-wide rows at 163.7 us against 116.6 (silu_quant_h200_run17.json against run16); at 4 and 8 warps from
+    ``CAPPED_FROM_ROWS`` rows, where it pays (silu_quant_h200_run20.json: 1024 rows of 6144 11.63 -> 10.55 us, of 12288
+    21.79 -> 19.58; 4096 rows 35.67 -> 34.54 and 70.59 -> 66.62) and not below (1 to 128 rows 2-4% slower with it:
+    run20's table against run19's). Rows wider than 32768 (not measured since run 10) walk their chunks twice, amax
+    then bytes: 1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
     if mode == "fp8_dynamic":
         if N <= 32768:
             warps = 4 if N <= 6144 else 8 if N <= 12288 else 16
