@@ -1,9 +1,10 @@
-"""FP8 E4M3 codes built by hand in Triton, shared by the kernels that quantize activations (SiLU-quant, the
-norms' FP8 outputs): bytes identical to ModelOpt's quantizer (``ocria.plugins.numerics``) on the GPU and in the
-CPU interpreter. Why by hand and not ``tl.float8e4nv`` or PTX's convert: the H200 runs in
-``ocria/plugins/silu_quant/kernel.py``'s docstring (NaN lost in the saturating convert, midpoints rounded down).
-Quotients by a scale are a multiply by the correctly rounded reciprocal plus one FMA correction on the GPU
-where every scale of the tile is in range, an IEEE division elsewhere."""
+"""FP8 E4M3 codes in Triton, shared by the kernels that quantize activations (SiLU-quant, the norms' FP8 outputs):
+bytes identical to ModelOpt's quantizer (``ocria.plugins.numerics``) on the GPU and in the CPU interpreter.
+On the GPU, where every scale of the tile is in range, the quotient by the scale is a multiply by the correctly
+rounded reciprocal plus one FMA correction, taken on |h|, and PTX's single-rounding ``cvt.rn.satfinite.e4m3x2.f32``
+makes the byte, h's sign put back from its bits (``e4m3_cvt``). Elsewhere (other scales, the interpreter) an IEEE
+division and a code built by hand (``e4m3_code``). Not ``tl.float8e4nv``: it converts through fp16 and rounds
+midpoints down (bench/results/silu_quant_h200_run2.json)."""
 
 import triton
 import triton.language as tl
