@@ -146,18 +146,18 @@ def sweep(scales: dict, fast: bool, modes: list[str]) -> dict:
     cap, at 1024 tokens of every width (``fp8_dynamic@1024xN``). Timed like the table (rotating input copies); a
     config whose bytes differ from the default's is recorded and never best."""
     best, log = {}, []
-    points = [(4096, 12288, modes)] + [(4096, w, ["fp8_dynamic"]) for w in DYNAMIC_WIDTHS]
-    points += [(1024, w, ["fp8_dynamic"]) for w in (6144, 12288, 18944)]
-    for rows, width, point_modes in points:
+    tiles = [{"block_m": bm, "block_n": bn, "num_warps": warps} for bm, bn, warps in SWEEP]
+    # (rows, width, key suffix, configs per mode)
+    points = [(4096, 12288, "", {m: SWEEP_DYNAMIC if m == "fp8_dynamic" else tiles for m in modes})]
+    points += [(4096, w, f"@{w}", {"fp8_dynamic": SWEEP_DYNAMIC}) for w in DYNAMIC_WIDTHS]
+    points += [(1024, w, f"@1024x{w}", {"fp8_dynamic": SWEEP_ROWS_1024}) for w in (6144, 12288, 18944)]
+    for rows, width, suffix, configs_of in points:
         copies = max(1, min(64, -(-ROTATE_BYTES // (rows * 4 * width))))
         xs = [(torch.randn(rows, 2 * width, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
-        for mode in [m for m in point_modes if m in modes]:
-            key = mode if width == 12288 and rows == 4096 else f"{mode}@{width}" if rows == 4096 else \
-                f"{mode}@{rows}x{width}"
+        for mode in [m for m in configs_of if m in modes]:
+            key = mode + suffix
             want = silu_mul_quant_triton(xs[0], mode, scales[mode])
-            configs = SWEEP_ROWS_1024 if rows == 1024 else SWEEP_DYNAMIC if mode == "fp8_dynamic" else [
-                {"block_m": bm, "block_n": bn, "num_warps": warps} for bm, bn, warps in SWEEP]
-            for cfg in configs:
+            for cfg in configs_of[mode]:
                 cfg = {**cfg, "fast_silu": fast}
                 same = _mismatches(silu_mul_quant_triton(xs[0], mode, scales[mode], cfg), want) == 0
                 us = time_calls([lambda x=x, md=mode, c=cfg: silu_mul_quant_triton(x, md, scales[md], c) for x in xs],

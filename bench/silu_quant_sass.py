@@ -39,11 +39,7 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
                  out_scale_ptr="*u8" if mode == "nvfp4" else "*fp32")
     out = compile_sm90(_silu_mul_quant_kernel, types, consts, cfg["num_warps"], divisible_by_16=DIVISIBLE_BY_16)
     # Each pass's chunk-loop body is in the code once and sees each of a thread's elements once per tile.
-    per_thread = cfg["block_m"] * block_n / (32 * cfg["num_warps"])
-    return dict(mode=mode, width=n, config=cfg, tile=[cfg["block_m"], block_n], passes=consts["NPASS"],
-                registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],
-                instructions=out["instructions"], instructions_per_element=out["instructions"] / per_thread,
-                top_opcodes=dict(sorted(out["opcodes"].items(), key=lambda kv: -kv[1])[:8]))
+    return _row(mode, n, cfg, [cfg["block_m"], block_n], passes, out)
 
 
 def row_stats(n: int, cfg: dict) -> dict:
@@ -56,8 +52,13 @@ def row_stats(n: int, cfg: dict) -> dict:
                  stride_sm="i32")
     out = compile_sm90(_token_fp8_row_kernel, types, consts, warps, divisible_by_16=DIVISIBLE_BY_16[:2] + (
         "out_scale_ptr", "N", "stride_xm", "stride_om"), maxnreg=cfg.get("max_registers"))
-    per_thread = sum(tiles) / (32 * warps)
-    return dict(mode="fp8_dynamic", width=n, config=cfg, tile=[1, sum(tiles)], passes=1,
+    return _row("fp8_dynamic", n, cfg, [1, sum(tiles)], 1, out)
+
+
+def _row(mode: str, n: int, cfg: dict, tile: list[int], passes: int, out: dict) -> dict:
+    """A report row from ``compile_sm90``'s output for a launch of ``tile`` per program."""
+    per_thread = tile[0] * tile[1] / (32 * cfg["num_warps"])
+    return dict(mode=mode, width=n, config=cfg, tile=tile, passes=passes,
                 registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],
                 instructions=out["instructions"], instructions_per_element=out["instructions"] / per_thread,
                 top_opcodes=dict(sorted(out["opcodes"].items(), key=lambda kv: -kv[1])[:8]))

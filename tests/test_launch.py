@@ -25,3 +25,15 @@ def test_kernels_ignore_pdl_in_the_interpreter(monkeypatch):
     want = decode_gemm(x, w, use_kernel=True)
     monkeypatch.setenv(launch.PDL_ENV, "1")
     assert torch.equal(decode_gemm(x, w, use_kernel=True), want)
+
+
+def test_always_pdl_needs_hopper_but_not_the_switch(monkeypatch):
+    """The ReplaySSM verify launch beside its prep kernel: PDL on every Hopper, whatever OCRIA_PDL says."""
+    cuda = torch.device("cuda")
+    monkeypatch.delenv(launch.PDL_ENV, raising=False)
+    monkeypatch.setattr(launch, "capability", lambda index: (9, 0))
+    assert launch.pdl_args(cuda, always=True) == {"PDL": True, "launch_pdl": True}
+    assert launch.pdl_args(cuda, always=False) == {"PDL": False, "launch_pdl": False}
+    assert launch.pdl_args(torch.device("cpu"), always=True) == {"PDL": False, "launch_pdl": False}
+    monkeypatch.setattr(launch, "capability", lambda index: (8, 9))
+    assert launch.pdl_args(cuda, always=True) == {"PDL": False, "launch_pdl": False}

@@ -20,9 +20,14 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 PDL_ENV = "OCRIA_PDL"
 
 
+def pdl_capable(device: torch.device) -> bool:
+    """Whether ``device`` can launch with PDL: a CUDA GPU of compute capability >= 9."""
+    return device.type == "cuda" and capability(device.index) >= (9, 0)
+
+
 def pdl_launch(device: torch.device) -> bool:
-    """Whether a launch on ``device`` uses PDL: ``OCRIA_PDL=1`` and a CUDA GPU of compute capability >= 9."""
-    return device.type == "cuda" and os.environ.get(PDL_ENV, "0") == "1" and capability(device.index) >= (9, 0)
+    """Whether a launch on ``device`` uses PDL: ``OCRIA_PDL=1`` on a ``pdl_capable`` device."""
+    return os.environ.get(PDL_ENV, "0") == "1" and pdl_capable(device)
 
 
 @cache
@@ -31,17 +36,21 @@ def capability(index: int | None) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def pdl_args(device: torch.device) -> dict:
-    """Launch keywords: the kernel's ``PDL`` constexpr and Triton's ``launch_pdl`` option, set together."""
-    pdl = pdl_launch(device)
+def pdl_args(device: torch.device, always: bool = False) -> dict:
+    """Launch keywords: the kernel's ``PDL`` constexpr and Triton's ``launch_pdl`` option, set together. ``always``:
+    a launch that needs PDL to overlap the kernel before it, on every ``pdl_capable`` device, whatever ``OCRIA_PDL``
+    says."""
+    pdl = (always and pdl_capable(device)) or pdl_launch(device)
     return {"PDL": pdl, "launch_pdl": pdl}
 
 
 @triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """First statement of a kernel: wait for the kernels before it, then let the next one launch."""
+def pdl_enter(PDL: tl.constexpr, RELEASE: tl.constexpr = False):
+    """First statement of a kernel: wait for the kernels before it, then let the next one launch. ``RELEASE`` lets
+    the next one launch even when this kernel was launched without PDL (stream order already waited for it)."""
     if PDL:
         gdc_wait()
+    if PDL or RELEASE:
         gdc_launch_dependents()
 
 

@@ -45,11 +45,10 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra.cuda import gdc_launch_dependents
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.launch import capability, pdl_args, pdl_enter
+from ocria.plugins.launch import pdl_args, pdl_capable, pdl_enter
 from ocria.plugins.switch import batch_invariant
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
@@ -238,9 +237,7 @@ def _chunk_prep_kernel(
     scaled by beta_j, and the causal decayed scores P_ij = exp(G_i - G_j) q_i.k_j (j <= i). The first value
     head of each key head also parks the normalised keys and writes each row's query scale to ``q_scale``
     [B, T, Hk]. With OVERLAP the verify launch after it may start at once: it folds its state first."""
-    pdl_enter(PDL)
-    if OVERLAP and not PDL:
-        gdc_launch_dependents()
+    pdl_enter(PDL, OVERLAP)
     i_h, i_b = tl.program_id(0), tl.program_id(1)
     hk = i_h // (HV // HK)
     rt = tl.arange(0, TP)
@@ -504,7 +501,7 @@ def replay_verify_kernel(
     # Scratch of the T x T prep (T > 1; T = 1 passes the state, unread): per value head (I + A)^-1 diag(beta)
     # and P, per row q's scale.
     mats = q_scale = state
-    overlap = T > 1 and OVERLAP_PREP and v.device.type == "cuda" and capability(v.device.index) >= (9, 0)
+    overlap = T > 1 and OVERLAP_PREP and pdl_capable(v.device)
     if T > 1:
         mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
         q_scale = torch.empty((B, T, Hk), dtype=torch.float32, device=v.device)
@@ -514,12 +511,11 @@ def replay_verify_kernel(
             HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap,
             **pdl_args(v.device),
         )  # fmt: skip
-    launch = {"PDL": True, "launch_pdl": True} if overlap else pdl_args(v.device)
     _replay_verify_kernel[(triton.cdiv(Dv, BV), Hv, B)](
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
         mats, q_scale, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, TP=TP, PREC=precision, ONE_TOKEN=T == 1,
-        PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, OVERLAP=overlap, num_warps=num_warps, **launch,
+        PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, OVERLAP=overlap, num_warps=num_warps, **pdl_args(v.device, overlap),
         **({"maxnreg": max_registers} if max_registers else {}),
     )  # fmt: skip
     return o

@@ -206,7 +206,7 @@ def _silu_mul_quant_kernel(
                     tl.store(out_scale_ptr + rows64[:, None] * stride_sm + scols[None, :], scode.to(tl.uint8),
                              mask=smask)
             else:
-                amax = max_nan(amax, abs_max(tl.where(mask, h32, 0.0), 1))
+                amax = _row_amax(tl.where(mask, h32, 0.0), amax)
         if p == 0 and NPASS == 2:
             row_scale = scale_of(amax)
             tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
