@@ -42,6 +42,10 @@ SWEEP_DYNAMIC += [{"row_tiles": True, "num_warps": w} for w in (4, 8, 16)]  # on
 SWEEP_DYNAMIC += [{"row_tiles": True, "num_warps": w, "max_registers": 64} for w in (4, 8)]
 ONE_AND_TWO_PASS = {"row_tiles": {"row_tiles": True, "num_warps": 8, "fast_silu": False},
                     "two_pass": {"block_m": 1, "block_n": 16, "num_warps": 4, "fast_silu": False}}
+# NVFP4: 16-element blocks per program, warps, and programs per SM walking the tiles (0: one program per tile)
+SWEEP_NVFP4 = [{"blocks": b, "num_warps": w, "programs_per_sm": p}
+               for b, w, p in ((256, 8, 0), (128, 4, 0), (256, 8, 4), (256, 8, 3), (128, 4, 8), (128, 4, 6),
+                               (512, 16, 2), (256, 8, 2))]
 DYNAMIC_WIDTHS = (6144, 18944)  # per-token FP8 chunks its rows by width: swept at these too
 # 1024 rows of per-token FP8 are about one wave of row programs: the row kernel with and without a 64-register cap
 # (8 programs of 4 warps per SM instead of 7; 16 warps are capped at 64 anyway)
@@ -141,16 +145,19 @@ def correctness(scales: dict, dev: str) -> list[dict]:
 
 
 def sweep(scales: dict, fast: bool, modes: list[str]) -> dict:
-    """Best (rows, columns, warps) per mode at 4096 tokens x 12288; for per-token FP8 also at 4096 tokens of the
-    widths of DYNAMIC_WIDTHS (keys ``fp8_dynamic@N``) and, for its one-pass row kernel with and without a register
-    cap, at 1024 tokens of every width (``fp8_dynamic@1024xN``). Timed like the table (rotating input copies); a
-    config whose bytes differ from the default's is recorded and never best."""
+    """Best config per mode at 4096 tokens x 12288 ((rows, columns, warps) per program; blocks, warps and
+    programs per SM for NVFP4); for per-token FP8 also at 4096 tokens of the widths of DYNAMIC_WIDTHS (keys
+    ``fp8_dynamic@N``) and, for its one-pass row kernel with and without a register cap, at 1024 tokens of every
+    width (``fp8_dynamic@1024xN``), as for NVFP4 (``nvfp4@1024xN``). Timed like the table (rotating input copies);
+    a config whose bytes differ from the default's is recorded and never best."""
     best, log = {}, []
     tiles = [{"block_m": bm, "block_n": bn, "num_warps": warps} for bm, bn, warps in SWEEP]
     # (rows, width, key suffix, configs per mode)
-    points = [(4096, 12288, "", {m: SWEEP_DYNAMIC if m == "fp8_dynamic" else tiles for m in modes})]
+    of_mode = {"fp8_dynamic": SWEEP_DYNAMIC, "nvfp4": SWEEP_NVFP4}
+    points = [(4096, 12288, "", {m: of_mode.get(m, tiles) for m in modes})]
     points += [(4096, w, f"@{w}", {"fp8_dynamic": SWEEP_DYNAMIC}) for w in DYNAMIC_WIDTHS]
-    points += [(1024, w, f"@1024x{w}", {"fp8_dynamic": SWEEP_ROWS_1024}) for w in (6144, 12288, 18944)]
+    points += [(1024, w, f"@1024x{w}", {"fp8_dynamic": SWEEP_ROWS_1024, "nvfp4": SWEEP_NVFP4})
+               for w in (6144, 12288, 18944)]
     for rows, width, suffix, configs_of in points:
         copies = max(1, min(64, -(-ROTATE_BYTES // (rows * 4 * width))))
         xs = [(torch.randn(rows, 2 * width, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]

@@ -14,6 +14,7 @@ from timing import save_json
 
 from ocria.plugins.silu_quant.kernel import (
     MODE_IDS,
+    _nvfp4_kernel,
     _silu_mul_quant_kernel,
     _token_fp8_row_kernel,
     default_config,
@@ -32,6 +33,8 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
     """One gated bf16 launch of ``mode`` at width n with ``cfg`` (keys of ``default_config``)."""
     if cfg.get("row_tiles"):
         return row_stats(n, cfg)
+    if mode == "nvfp4":
+        return nvfp4_stats(n, cfg)
     block_n, chunks, passes = tiling(mode, n, cfg)
     consts = dict(MODE=MODE_IDS[mode], GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"],
                   NPASS=passes, BLOCK_M=cfg["block_m"], BLOCK_N=block_n, NUM_CHUNKS=chunks, PDL=False)
@@ -53,6 +56,16 @@ def row_stats(n: int, cfg: dict) -> dict:
     out = compile_sm90(_token_fp8_row_kernel, types, consts, warps, divisible_by_16=DIVISIBLE_BY_16[:2] + (
         "out_scale_ptr", "N", "stride_xm", "stride_om"), maxnreg=cfg.get("max_registers"))
     return _row("fp8_dynamic", n, cfg, [1, sum(tiles)], 1, out)
+
+
+def nvfp4_stats(n: int, cfg: dict) -> dict:
+    """NVFP4 (``_nvfp4_kernel``: one 16-element block per thread, eight codes per int32 word)."""
+    consts = dict(N=n, GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"], BLOCKS=cfg["blocks"],
+                  PDL=False)
+    types = dict(x_ptr="*i16", out_ptr="*i32", scale_ptr="*fp32", out_scale_ptr="*u8", M="i32", stride_xm="i32")
+    out = compile_sm90(_nvfp4_kernel, types, consts, cfg["num_warps"],
+                       divisible_by_16=("x_ptr", "out_ptr", "out_scale_ptr", "stride_xm"))
+    return _row("nvfp4", n, cfg, [1, 16 * cfg["blocks"]], 1, out)
 
 
 def _row(mode: str, n: int, cfg: dict, tile: list[int], passes: int, out: dict) -> dict:

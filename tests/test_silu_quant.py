@@ -142,6 +142,19 @@ def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n, warps):
     _assert_same(quantize_act_triton(x, "fp8_dynamic", None, cfg), quantize_act_reference(x, "fp8_dynamic", None))
 
 
+@pytest.mark.parametrize("programs_per_sm", [0, 2], ids=["one_program_per_tile", "programs_walk_tiles"])
+def test_nvfp4_tiles_across_rows_match_reference(programs_per_sm):
+    """NVFP4 tiles of 4 blocks across row ends (N = 48: three blocks a row), with the interpreter's one SM running
+    two programs that walk 5 tiles each (the next tile's loads before this one's codes), or one program a tile."""
+    cfg = {"blocks": 4, "num_warps": 1, "programs_per_sm": programs_per_sm, "fast_silu": False}
+    torch.manual_seed(5)
+    gate_up = (torch.randn(13, 2 * 48) * 3).to(torch.bfloat16)
+    gate_up[4, 20] = float("nan")
+    gate_up[7, :16] = 0.0
+    scale = SCALES["nvfp4"]
+    _assert_same(silu_mul_quant_triton(gate_up, "nvfp4", scale, cfg), silu_mul_quant_reference(gate_up, "nvfp4", scale))
+
+
 def test_row_tiles_config_only_for_per_token_fp8():
     with pytest.raises(ValueError, match="row_tiles"):
         silu_mul_quant_triton(torch.zeros(2, 64, dtype=torch.bfloat16), "fp8_static", torch.tensor([0.1]),

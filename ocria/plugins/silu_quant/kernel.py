@@ -41,17 +41,56 @@ from ocria.plugins.rounding import round_to_dtype, widen
 MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
 
 
+# E2M1 codes without a case per binade: for q in [0, 6 + 1 ulp], e = max(q's exponent field, 127) (127: q < 2,
+# 128: [2, 4), 129: [4, 6]) and one rounding add q + 2^(e + 22) rounds q to halves, units or twos, as E2M1 spaces its
+# values there; the code is bits(q + 2^(e + 22)) + (2 - 2^23) e + E2M1_BIAS (the count of ulps above the magic number
+# plus 0, 2 or 4), plus 8 for the sign. The bias is added once per word of eight codes (E2M1_WORD_BIAS); on the GPU
+# the rest is one instruction per step and a predicated add for the sign (in Triton ops LLVM splits the
+# multiply-add into shifts and adds, and the sign into an add and a select).
+E2M1_BIAS = -(22 << 23) - 254
+E2M1_WORD_BIAS = tl.constexpr((E2M1_BIAS * 0x11111111) % (1 << 32))  # 0x56111122: fits int32
+_E2M1_UNBIASED = tl.constexpr("""{
+.reg .b32 e, m;
+.reg .pred p;
+shr.u32 e, $1, 23;
+max.u32 e, e, 127;
+shl.b32 m, e, 23;
+add.s32 m, m, 0x0B000000;
+add.f32 m, $1, m;
+mad.lo.s32 $0, e, -8388606, m;
+setp.lt.f32 p, $2, 0f00000000;
+@p add.s32 $0, $0, 8;
+}""")
+
+
 @triton.jit
-def _e2m1_code(q, negative):
-    """q >= 0 (or NaN) -> 4-bit E2M1 code (int32): RNE on {0, .5, 1, 1.5, 2, 3, 4, 6}, from 6 up and NaN -> 7; the
-    sign bit (8) where ``negative`` and q > 0. One rounding add serves all three spacings: q + 2^22 rounds to
-    halves ([0, 2)), q + 2^23 to units ([2, 4)), q + 2^24 to twos ([4, 6]), and the count of ulps above the
-    magic number plus 0, 2 or 4 is the code."""
-    c = tl.where(q < 6.0, q, 6.0)  # NaN too
-    e = tl.maximum(c.to(tl.int32, bitcast=True) >> 23, 127)  # 127: c < 2, 128: [2, 4), 129: [4, 6]
-    magic = (e + 22) << 23
-    code = (c + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic + (e - 127) * 2
-    return code | tl.where(negative & (q > 0.0), 8, 0)
+def _e2m1_unbiased(q, sign_of, ON_GPU: tl.constexpr):
+    """E2M1 code of q in [0, 6 + 1 ulp] (RNE on {0, .5, 1, 1.5, 2, 3, 4, 6}) less E2M1_BIAS, as int32, with the
+    sign bit where ``sign_of`` < 0."""
+    if ON_GPU:
+        return tl.inline_asm_elementwise(_E2M1_UNBIASED, "=r,r,f", [q.to(tl.int32, bitcast=True), sign_of],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    e = tl.maximum(q.to(tl.int32, bitcast=True) >> 23, 127)
+    y = q + ((e << 23) + (22 << 23)).to(tl.float32, bitcast=True)
+    return y.to(tl.int32, bitcast=True) + e * (2 - (1 << 23)) + tl.where(sign_of < 0.0, 8, 0)
+
+
+@triton.jit
+def _e2m1_word(h, denom, inv, ON_GPU: tl.constexpr, NONZERO: tl.constexpr):
+    """[B, 8] values h of half an NVFP4 block (divisor ``denom`` [B, 1], its reciprocal ``inv``) -> [B] int32 of
+    their eight E2M1 codes, element k in bits 4k..4k+3 (the bytes' order in memory: low nibble = even element).
+    The sign follows ModelOpt's ``t < 0`` for t = RN(h / denom): h negative and t not rounded to zero, which
+    ``NONZERO`` promises for every nonzero h (bf16 / fp16 h and divisors below 2^15). The quotient stays in E2M1's
+    range with |h| clamped at 6 x denom (RN(6 denom) / denom rounds to at most 6 + 1 ulp, which rounds to 6 as any
+    larger quotient would); the caller overwrites the words of NaN blocks."""
+    B: tl.constexpr = h.shape[0]
+    q = quotient(tl.abs(h), denom, inv, denom * 6.0, ON_GPU, NEG_S=True)
+    code = _e2m1_unbiased(q, h if NONZERO else tl.where(q > 0.0, h, 0.0), ON_GPU)
+    even, odd = tl.split(tl.reshape(code, [B, 4, 2]))  # shift-adds: the nibbles' biases add up to the word's
+    byte = even + (odd << 4)
+    b02, b13 = tl.split(tl.reshape(byte, [B, 2, 2]))
+    half0, half1 = tl.split(b02 + (b13 << 8))
+    return half0 + (half1 << 16) + E2M1_WORD_BIAS
 
 
 # The bf16 silu on the GPU (``fast_silu``), two elements per asm block: e = 2^(-g log2 e) by ``ex2.approx`` (libdevice's
@@ -119,16 +158,23 @@ def _nvfp4_block_scales(bamax, scale, ON_GPU: tl.constexpr):
         inv = _rcp(denom)
     else:
         inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
-    return tl.where(bnan, 0x7F, scode), denom[:, :, None], inv[:, :, None]
+    return tl.where(bnan, 0x7F, scode), denom, inv
 
 
 @triton.jit
-def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
-                FAST_SILU: tl.constexpr, DT: tl.constexpr):
+def _load_gate_up(x_ptr, x_offs, mask, N, GATED: tl.constexpr):
+    """(gate, up) as stored (up is x itself when not GATED); masked lanes load 0."""
+    g = tl.load(x_ptr + x_offs, mask=mask, other=0)
+    if GATED:
+        return g, tl.load(x_ptr + x_offs + N, mask=mask, other=0)
+    return g, g
+
+
+@triton.jit
+def _activation_of(g, u, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
+                   DT: tl.constexpr):
     """h = silu(gate) * up (GATED) or x itself, in fp32, each op rounded to x's dtype as PyTorch rounds it."""
     if GATED:
-        g = tl.load(x_ptr + x_offs, mask=mask, other=0)
-        u = tl.load(x_ptr + x_offs + N, mask=mask, other=0)
         if ON_GPU and IS_BF16 and FAST_SILU:
             return _silu_mul_bf16x2(g, u)
         g = widen(g, IS_BF16)
@@ -143,7 +189,15 @@ def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constex
         s = round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
         return round_to_dtype(s * u, IS_BF16, ON_GPU, DT)
     else:
-        return widen(tl.load(x_ptr + x_offs, mask=mask, other=0), IS_BF16)
+        return widen(g, IS_BF16)
+
+
+@triton.jit
+def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
+                FAST_SILU: tl.constexpr, DT: tl.constexpr):
+    """``_activation_of`` the gate and up loaded at ``x_offs``."""
+    g, u = _load_gate_up(x_ptr, x_offs, mask, N, GATED)
+    return _activation_of(g, u, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
 
 
 @triton.jit
@@ -154,10 +208,10 @@ def _silu_mul_quant_kernel(
     FAST_SILU: tl.constexpr, NPASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_CHUNKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic, 3 nvfp4. IS_BF16: x (and the bf16 output) travel as
-    # int16 bits, widened by a shift, exactly, also for subnormals where the interpreter's bf16 <-> fp32
-    # conversions are wrong. MODE 2 with NPASS 2 walks its row twice (amax, then bytes); with NPASS 1 the whole
-    # row is one tile (NUM_CHUNKS 1) and h is computed once.
+    # MODE: 0 plain, 1 fp8 static, 2 fp8 per-token dynamic (NVFP4 has its own kernel). IS_BF16: x (and the bf16
+    # output) travel as int16 bits, widened by a shift, exactly, also for subnormals where the interpreter's
+    # bf16 <-> fp32 conversions are wrong. MODE 2 with NPASS 2 walks its row twice (amax, then bytes); with
+    # NPASS 1 the whole row is one tile (NUM_CHUNKS 1) and h is computed once.
     pdl_enter(PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -167,7 +221,7 @@ def _silu_mul_quant_kernel(
     col_start = pid_n * (BLOCK_N * NUM_CHUNKS)
     DT: tl.constexpr = tl.bfloat16 if IS_BF16 else x_ptr.dtype.element_ty
     scale = 1.0
-    if MODE == 1 or MODE == 3:
+    if MODE == 1:
         scale = tl.load(scale_ptr)
     amax = tl.zeros([BLOCK_M], dtype=tl.float32)  # NaN-keeping: a row with a NaN gets a NaN scale
     row_scale = tl.zeros([BLOCK_M], dtype=tl.float32) + scale
@@ -185,31 +239,73 @@ def _silu_mul_quant_kernel(
                     else:
                         h = h32.to(out_ptr.dtype.element_ty)
                     tl.store(out_ptr + o_offs, h, mask=mask)
-                elif MODE == 1 or MODE == 2:
+                else:
                     if MODE == 2 and NPASS == 1:  # the row is this one tile: its scale first
                         row_scale = token_scale(h32, mask)
                         tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
                     tl.store(out_ptr + o_offs, e4m3_bytes(h32, row_scale, ON_GPU), mask=mask)
-                else:
-                    NB: tl.constexpr = BLOCK_N // 16
-                    hb = tl.reshape(h32, [BLOCK_M, NB, 16])
-                    scode, denom, inv = _nvfp4_block_scales(abs_max(hb, 2), scale, ON_GPU)
-                    q = quotient(tl.abs(hb), denom, inv, denom * 8.0, ON_GPU)  # > 6 saturates anyway
-                    code = _e2m1_code(q, hb < 0.0)
-                    lo, hi = tl.split(tl.reshape(code, [BLOCK_M, BLOCK_N // 2, 2]))
-                    pcols = (col_start + chunk * BLOCK_N) // 2 + tl.arange(0, BLOCK_N // 2)
-                    pmask = rmask[:, None] & (pcols < N // 2)[None, :]
-                    tl.store(out_ptr + rows64[:, None] * stride_om + pcols[None, :], (lo | (hi << 4)).to(tl.uint8),
-                             mask=pmask)
-                    scols = (col_start + chunk * BLOCK_N) // 16 + tl.arange(0, NB)
-                    smask = rmask[:, None] & (scols < N // 16)[None, :]
-                    tl.store(out_scale_ptr + rows64[:, None] * stride_sm + scols[None, :], scode.to(tl.uint8),
-                             mask=smask)
             else:
                 amax = _row_amax(tl.where(mask, h32, 0.0), amax)
         if p == 0 and NPASS == 2:
             row_scale = scale_of(amax)
             tl.store(out_scale_ptr + rows64 * stride_sm, row_scale, mask=rmask)
+
+
+@triton.jit
+def _nvfp4_loads(x_ptr, tile, M, stride_xm, N: tl.constexpr, GATED: tl.constexpr, BLOCKS: tl.constexpr):
+    """Gate and up of the blocks of ``tile`` (BLOCKS consecutive 16-element blocks of the [M, N / 16] grid of
+    blocks, across rows) as two [BLOCKS, 8] halves each; blocks past the end load nothing."""
+    NB: tl.constexpr = N // 16
+    blk = tile * BLOCKS + tl.arange(0, BLOCKS)
+    row = blk // NB  # N is a constexpr: a multiply-high
+    offs = (row.to(tl.int64) * stride_xm + (blk - row * NB) * 16)[:, None] + tl.arange(0, 8)[None, :]
+    mask = (blk < M * NB)[:, None]
+    g0, u0 = _load_gate_up(x_ptr, offs, mask, N, GATED)
+    g1, u1 = _load_gate_up(x_ptr, offs + 8, mask, N, GATED)
+    return g0, u0, g1, u1
+
+
+@triton.jit
+def _nvfp4_kernel(
+    x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.constexpr,
+    GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
+    BLOCKS: tl.constexpr, PDL: tl.constexpr,
+):
+    # NVFP4, one thread per 16-element block: the block is loaded as two [BLOCKS, 8] halves, so a thread holds all
+    # of its block and amax, block scale and divisor are computed once per block, in-thread (no shuffle, no
+    # duplicate work, no layout change before the scale byte's store). A tile is BLOCKS consecutive blocks of the
+    # [M, N / 16] grid of blocks, across rows, so no program is part-empty at row ends. Programs walk their tiles
+    # with the next tile's loads issued before this tile's arithmetic: its memory time overlaps this tile's
+    # instructions, which a launch of one program per tile, all loading and then all computing, does not.
+    # Outputs are contiguous: ``out_ptr`` the packed codes as int32 words, eight codes each, two per block; a NaN
+    # block is 0x77 bytes throughout.
+    pdl_enter(PDL)
+    DT: tl.constexpr = tl.bfloat16 if IS_BF16 else x_ptr.dtype.element_ty
+    scale = tl.load(scale_ptr)
+    # bf16 / fp16 h is 0 or >= 2^-133 in magnitude: divided by at most 448 x 64 it cannot round to zero
+    nonzero = (x_ptr.dtype.element_ty != tl.float32) & (scale <= 64.0)
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(M * (N // 16), BLOCKS)
+    g0, u0, g1, u1 = _nvfp4_loads(x_ptr, pid, M, stride_xm, N, GATED, BLOCKS)
+    for tile in range(pid, n_tiles, tl.num_programs(0)):
+        next_g0, next_u0, next_g1, next_u1 = _nvfp4_loads(x_ptr, tile + tl.num_programs(0), M, stride_xm, N, GATED,
+                                                          BLOCKS)
+        h0 = _activation_of(g0, u0, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+        h1 = _activation_of(g1, u1, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+        bamax = max_nan(abs_max(h0, 1), abs_max(h1, 1))
+        scode, denom, inv = _nvfp4_block_scales(bamax, scale, ON_GPU)
+        blk = tile * BLOCKS + tl.arange(0, BLOCKS)
+        bmask = blk < M * (N // 16)
+        tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
+        denom = denom[:, None]
+        inv = inv[:, None]
+        if nonzero:
+            words = tl.join(_e2m1_word(h0, denom, inv, ON_GPU, True), _e2m1_word(h1, denom, inv, ON_GPU, True))
+        else:
+            words = tl.join(_e2m1_word(h0, denom, inv, ON_GPU, False), _e2m1_word(h1, denom, inv, ON_GPU, False))
+        words = tl.where((bamax != bamax)[:, None], 0x77777777, words)
+        tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
+        g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1
 
 
 @triton.jit
@@ -300,8 +396,12 @@ CAPPED_FROM_ROWS = 1024
 
 def default_config(mode: str, M: int, N: int) -> dict:
     """Rows x columns per program and warps, from the sweep at 4096 x 12288 in bench/results/silu_quant_h200_run18.json
-    (bf16 73.7 us and FP8 static 61.8, the best there; NVFP4 80.1 against 79.2 for 4 x 1024 tiles), with the
-    approximate bf16 silu, exact for every bf16 gate and up value in that run.
+    (bf16 73.7 us and FP8 static 61.8, the best there), with the approximate bf16 silu, exact for every bf16 gate and
+    up value in that run.
+
+    NVFP4 (``_nvfp4_kernel``): 256 blocks per tile, one per thread of 8 warps, 4 programs per SM walking the tiles
+    (bench/results/silu_quant_h200_run24.json at 4096 x 12288: 61.4 us, 69.8 with one program per tile; 1024 rows of
+    6144 / 12288 / 18944: 10.7 / 18.1 / 25.7 us, within 0.4 us of the best config tried at each).
 
     Per-token FP8 (the same run's sweeps at 4096 rows of 6144, 12288 and 18944 columns): the row held in registers by
     ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
@@ -321,6 +421,8 @@ def default_config(mode: str, M: int, N: int) -> dict:
         if M >= 1024:
             return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_silu": True}
         return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_silu": True}
+    if mode == "nvfp4":
+        return {"blocks": 256, "num_warps": 8, "programs_per_sm": 4, "fast_silu": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
     return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_silu": True}
@@ -344,6 +446,20 @@ def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int,
         GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"],
         W0=w0, W1=w1, W2=w2, W3=w3, num_warps=cfg["num_warps"], **pdl_args(dev),
         **({"maxnreg": cap} if cap else {}),
+    )
+
+
+def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: int, N: int, gated: bool,
+                  as_bits: bool, cfg: dict) -> None:
+    blocks, dev = cfg["blocks"], x.device
+    tiles = triton.cdiv(M * (N // 16), blocks)
+    # programs_per_sm: that many programs per SM walk the tiles (the interpreter counts one SM); 0: one per tile
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+    grid = min(tiles, cfg["programs_per_sm"] * sms) if cfg.get("programs_per_sm") else tiles
+    _compiled(_nvfp4_kernel, dev)[(grid,)](
+        x, out.view(torch.int32), scale, out_scale, M, x.stride(0), N=N,
+        GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"], BLOCKS=blocks,
+        num_warps=cfg["num_warps"], **pdl_args(dev),
     )
 
 
@@ -379,7 +495,11 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
     cfg = config or default_config(mode, M, N)
     as_bits = x.dtype == torch.bfloat16
     x_arg = x2.view(torch.int16) if as_bits else x2
-    if M > 0 and cfg.get("row_tiles"):
+    if M > 0 and mode == "nvfp4":
+        if "blocks" not in cfg:
+            raise ValueError(f"an nvfp4 config gives 'blocks' (16-element blocks per program), got {cfg}")
+        _launch_nvfp4(x_arg, out, out_scale, scale, M, N, gated, as_bits, cfg)
+    elif M > 0 and cfg.get("row_tiles"):
         if mode != "fp8_dynamic":
             raise ValueError(f"row_tiles configs are for mode 'fp8_dynamic', not {mode!r}")
         _launch_row_tiles(x_arg, out, out_scale, M, N, gated, as_bits, cfg)
