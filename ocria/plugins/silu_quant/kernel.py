@@ -399,9 +399,11 @@ def default_config(mode: str, M: int, N: int) -> dict:
     (bf16 73.7 us and FP8 static 61.8, the best there), with the approximate bf16 silu, exact for every bf16 gate and
     up value in that run.
 
-    NVFP4 (``_nvfp4_kernel``): 256 blocks per tile, one per thread of 8 warps, 4 programs per SM walking the tiles
-    (bench/results/silu_quant_h200_run24.json at 4096 x 12288: 61.4 us, 69.8 with one program per tile; 1024 rows of
-    6144 / 12288 / 18944: 10.7 / 18.1 / 25.7 us, within 0.4 us of the best config tried at each).
+    NVFP4 (``_nvfp4_kernel``): one block per thread, programs walking the tiles: 512 blocks, 16 warps, 2 programs
+    per SM from 8192 columns, 256 blocks, 8 warps, 4 programs per SM below (bench/results/silu_quant_h200_run25*.json,
+    two trees in one device call, alike: at 4096 x 12288 59.5 us against 61.3, at 1024 x 12288 / 18944 17.9 / 25.4
+    against 18.1 / 25.8, the best tried there; at 1024 x 6144 every config of 256 or 128 blocks within 0.3 us of
+    10.4; one program per tile 69.6 us at 4096 x 12288).
 
     Per-token FP8 (the same run's sweeps at 4096 rows of 6144, 12288 and 18944 columns): the row held in registers by
     ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
@@ -422,6 +424,8 @@ def default_config(mode: str, M: int, N: int) -> dict:
             return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_silu": True}
         return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_silu": True}
     if mode == "nvfp4":
+        if N >= 8192:
+            return {"blocks": 512, "num_warps": 16, "programs_per_sm": 2, "fast_silu": True}
         return {"blocks": 256, "num_warps": 8, "programs_per_sm": 4, "fast_silu": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
