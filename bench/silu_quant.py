@@ -46,6 +46,9 @@ ONE_AND_TWO_PASS = {"row_tiles": {"row_tiles": True, "num_warps": 8, "fast_silu"
 SWEEP_NVFP4 = [{"blocks": b, "num_warps": w, "programs_per_sm": p}
                for b, w, p in ((256, 8, 0), (128, 4, 0), (256, 8, 4), (256, 8, 3), (128, 4, 8), (128, 4, 6),
                                (512, 16, 2), (256, 8, 2))]
+# Decode-sized NVFP4 (16 rows): smaller tiles spread a few rows over more SMs
+SWEEP_NVFP4_FEW_ROWS = [{"blocks": b, "num_warps": w, "programs_per_sm": 0}
+                        for b, w in ((32, 1), (64, 2), (128, 4), (256, 8), (512, 16))]
 DYNAMIC_WIDTHS = (6144, 18944)  # per-token FP8 chunks its rows by width: swept at these too
 # 1024 rows of per-token FP8 are about one wave of row programs: the row kernel with and without a 64-register cap
 # (8 programs of 4 warps per SM instead of 7; 16 warps are capped at 64 anyway)
@@ -148,8 +151,9 @@ def sweep(scales: dict, fast: bool, modes: list[str]) -> dict:
     """Best config per mode at 4096 tokens x 12288 ((rows, columns, warps) per program; blocks, warps and
     programs per SM for NVFP4); for per-token FP8 also at 4096 tokens of the widths of DYNAMIC_WIDTHS (keys
     ``fp8_dynamic@N``) and, for its one-pass row kernel with and without a register cap, at 1024 tokens of every
-    width (``fp8_dynamic@1024xN``), as for NVFP4 (``nvfp4@1024xN``). Timed like the table (rotating input copies);
-    a config whose bytes differ from the default's is recorded and never best."""
+    width (``fp8_dynamic@1024xN``), as for NVFP4 (``nvfp4@1024xN``), and NVFP4 at 16 tokens (``nvfp4@16xN``).
+    Timed like the table (rotating input copies); a config whose bytes differ from the default's is recorded and
+    never best."""
     best, log = {}, []
     tiles = [{"block_m": bm, "block_n": bn, "num_warps": warps} for bm, bn, warps in SWEEP]
     # (rows, width, key suffix, configs per mode)
@@ -158,6 +162,7 @@ def sweep(scales: dict, fast: bool, modes: list[str]) -> dict:
     points += [(4096, w, f"@{w}", {"fp8_dynamic": SWEEP_DYNAMIC}) for w in DYNAMIC_WIDTHS]
     points += [(1024, w, f"@1024x{w}", {"fp8_dynamic": SWEEP_ROWS_1024, "nvfp4": SWEEP_NVFP4})
                for w in (6144, 12288, 18944)]
+    points += [(16, w, f"@16x{w}", {"nvfp4": SWEEP_NVFP4_FEW_ROWS}) for w in (6144, 12288, 18944)]
     for rows, width, suffix, configs_of in points:
         copies = max(1, min(64, -(-ROTATE_BYTES // (rows * 4 * width))))
         xs = [(torch.randn(rows, 2 * width, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]

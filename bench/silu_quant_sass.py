@@ -59,10 +59,9 @@ def row_stats(n: int, cfg: dict) -> dict:
 
 
 def nvfp4_stats(n: int, cfg: dict) -> dict:
-    """NVFP4 (``_nvfp4_kernel``: one 16-element block per thread, eight codes per int32 word)."""
-    consts = dict(N=n, GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"], BLOCKS=cfg["blocks"],
-                  PDL=False)
-    types = dict(x_ptr="*i16", out_ptr="*i32", scale_ptr="*fp32", out_scale_ptr="*u8", M="i32", stride_xm="i32")
+    """NVFP4 (``_nvfp4_kernel``: one 16-element block per thread as pair words, eight codes per int32 word)."""
+    consts = dict(N=n, GATED=True, KIND=0, ON_GPU=True, FAST_SILU=cfg["fast_silu"], BLOCKS=cfg["blocks"], PDL=False)
+    types = dict(x_ptr="*i32", out_ptr="*i32", scale_ptr="*fp32", out_scale_ptr="*u8", M="i32", stride_xm="i32")
     out = compile_sm90(_nvfp4_kernel, types, consts, cfg["num_warps"],
                        divisible_by_16=("x_ptr", "out_ptr", "out_scale_ptr", "stride_xm"))
     return _row("nvfp4", n, cfg, [1, 16 * cfg["blocks"]], 1, out)

@@ -155,6 +155,20 @@ def test_nvfp4_tiles_across_rows_match_reference(programs_per_sm):
     _assert_same(silu_mul_quant_triton(gate_up, "nvfp4", scale, cfg), silu_mul_quant_reference(gate_up, "nvfp4", scale))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_nvfp4_from_fp16_and_fp32_pair_words(dtype):
+    """NVFP4 activations read as pair words of fp16 (32-bit) and fp32 (64-bit), at a global scale in the fast range and
+    one past it (the dividing path): fp32 denormals whose quotient rounds to zero carry no sign, -0 none either."""
+    torch.manual_seed(6)
+    x = torch.randn(5, 64) * 3
+    x[1, :16] = -1e-42
+    x[2, 3] = -0.0
+    x[3, :4] = torch.tensor([100.0, -1e-42, 2e-42, -3.0])
+    x = x.to(dtype)
+    for scale in (SCALES["nvfp4"], torch.tensor(1e6)):
+        _assert_same(quantize_act_triton(x, "nvfp4", scale), quantize_act_reference(x, "nvfp4", scale))
+
+
 def test_row_tiles_config_only_for_per_token_fp8():
     with pytest.raises(ValueError, match="row_tiles"):
         silu_mul_quant_triton(torch.zeros(2, 64, dtype=torch.bfloat16), "fp8_static", torch.tensor([0.1]),

@@ -76,18 +76,23 @@ def _e2m1_unbiased(q, sign_of, ON_GPU: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_word(h, denom, inv, ON_GPU: tl.constexpr, NONZERO: tl.constexpr):
-    """[B, 8] values h of half an NVFP4 block (divisor ``denom`` [B, 1], its reciprocal ``inv``) -> [B] int32 of
-    their eight E2M1 codes, element k in bits 4k..4k+3 (the bytes' order in memory: low nibble = even element).
-    The sign follows ModelOpt's ``t < 0`` for t = RN(h / denom): h negative and t not rounded to zero, which
-    ``NONZERO`` promises for every nonzero h (bf16 / fp16 h and divisors below 2^15). The quotient stays in E2M1's
-    range with |h| clamped at 6 x denom (RN(6 denom) / denom rounds to at most 6 + 1 ulp, which rounds to 6 as any
-    larger quotient would); the caller overwrites the words of NaN blocks."""
-    B: tl.constexpr = h.shape[0]
+def _e2m1_nibbles(h, denom, inv, ON_GPU: tl.constexpr, NONZERO: tl.constexpr):
+    """E2M1 codes of h / denom less E2M1_BIAS, sign included. The sign follows ModelOpt's ``t < 0`` for
+    t = RN(h / denom): h negative and t not rounded to zero, which ``NONZERO`` promises for every nonzero h (bf16 /
+    fp16 h and divisors below 2^15). The quotient stays in E2M1's range with |h| clamped at 6 x denom
+    (RN(6 denom) / denom rounds to at most 6 + 1 ulp, which rounds to 6 as any larger quotient would)."""
     q = quotient(tl.abs(h), denom, inv, denom * 6.0, ON_GPU, NEG_S=True)
-    code = _e2m1_unbiased(q, h if NONZERO else tl.where(q > 0.0, h, 0.0), ON_GPU)
-    even, odd = tl.split(tl.reshape(code, [B, 4, 2]))  # shift-adds: the nibbles' biases add up to the word's
-    byte = even + (odd << 4)
+    return _e2m1_unbiased(q, h if NONZERO else tl.where(q > 0.0, h, 0.0), ON_GPU)
+
+
+@triton.jit
+def _e2m1_word(even, odd, denom, inv, ON_GPU: tl.constexpr, NONZERO: tl.constexpr):
+    """[B, 4] even and odd elements of half an NVFP4 block (divisor ``denom`` [B, 1], its reciprocal ``inv``) ->
+    [B] int32 of their eight E2M1 codes, element k in bits 4k..4k+3 (the bytes' order in memory: low nibble = even
+    element). The caller overwrites the words of NaN blocks."""
+    B: tl.constexpr = even.shape[0]
+    byte = (_e2m1_nibbles(even, denom, inv, ON_GPU, NONZERO)  # shift-adds: the nibbles' biases add up to the word's
+            + (_e2m1_nibbles(odd, denom, inv, ON_GPU, NONZERO) << 4))
     b02, b13 = tl.split(tl.reshape(byte, [B, 2, 2]))
     half0, half1 = tl.split(b02 + (b13 << 8))
     return half0 + (half1 << 16) + E2M1_WORD_BIAS
@@ -130,6 +135,13 @@ def _silu_mul_bf16x2(g, u):
 
 
 @triton.jit
+def _silu_mul_pairs(g2, u2):
+    """(h of the even element, h of the odd) for int32 words of two bf16 gate / up values (GPU only)."""
+    return tl.inline_asm_elementwise(_SILU_MUL_BF16X2, "=f,=f,r,r", [g2, u2], dtype=(tl.float32, tl.float32),
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
 def _rcp(d):
     """1/d as the IEEE division's fast path has it before its final quotient: ``rcp.approx`` and one Newton step.
     ``quotient`` with it is that fast path, correctly rounded where its operands need no range fix-up (GPU only)."""
@@ -138,16 +150,17 @@ def _rcp(d):
 
 
 @triton.jit
-def _nvfp4_block_scales(bamax, scale, ON_GPU: tl.constexpr):
+def _nvfp4_block_scales(bamax, scale, inv_s6, ON_GPU: tl.constexpr):
     """(E4M3 scale codes, fp32 divisors, their reciprocals) of NVFP4 blocks with amax ``bamax`` (NaN for a block with
     a NaN: code 0x7F, NaN divisor) under the global ``scale``: code of clamp(RN(amax / (6 scale)), 2^-9, 448), 1 for
     an all-zero block. On the GPU, for global scales in [2^-60, 64], the quotient and the reciprocal are the IEEE
-    division's fast path without its range check: operands there stay clear of overflow, and a quotient under 2^-9
-    is clamped anyway (a zero one comes only from a zero amax); other scales divide."""
+    division's fast path without its range check (``inv_s6``: ``_rcp(6 scale)``, once per program): operands there
+    stay clear of overflow, and a quotient under 2^-9 is clamped anyway (a zero one comes only from a zero amax);
+    other scales divide."""
     s6 = 6.0 * scale
     fast = (scale >= 8.673617379884035e-19) & (scale <= 64.0)
     if ON_GPU and fast:
-        sc = quotient(bamax, s6, _rcp(s6), s6 * 896.0, ON_GPU)
+        sc = quotient(bamax, s6, inv_s6, s6 * 896.0, ON_GPU)
     else:
         sc = tl.math.div_rn(bamax, tl.zeros_like(bamax) + s6)
     sc = tl.minimum(tl.maximum(tl.where(sc == 0.0, 1.0, sc), 0.001953125), 448.0)
@@ -159,15 +172,6 @@ def _nvfp4_block_scales(bamax, scale, ON_GPU: tl.constexpr):
     else:
         inv = tl.math.div_rn(tl.full(denom.shape, 1.0, tl.float32), denom)
     return tl.where(bnan, 0x7F, scode), denom, inv
-
-
-@triton.jit
-def _load_gate_up(x_ptr, x_offs, mask, N, GATED: tl.constexpr):
-    """(gate, up) as stored (up is x itself when not GATED); masked lanes load 0."""
-    g = tl.load(x_ptr + x_offs, mask=mask, other=0)
-    if GATED:
-        return g, tl.load(x_ptr + x_offs + N, mask=mask, other=0)
-    return g, g
 
 
 @triton.jit
@@ -195,8 +199,9 @@ def _activation_of(g, u, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.
 @triton.jit
 def _activation(x_ptr, x_offs, mask, N, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr,
                 FAST_SILU: tl.constexpr, DT: tl.constexpr):
-    """``_activation_of`` the gate and up loaded at ``x_offs``."""
-    g, u = _load_gate_up(x_ptr, x_offs, mask, N, GATED)
+    """``_activation_of`` the gate and up loaded at ``x_offs`` (masked lanes load 0)."""
+    g = tl.load(x_ptr + x_offs, mask=mask, other=0)
+    u = tl.load(x_ptr + x_offs + N, mask=mask, other=0) if GATED else g
     return _activation_of(g, u, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
 
 
@@ -254,55 +259,86 @@ def _silu_mul_quant_kernel(
 @triton.jit
 def _nvfp4_loads(x_ptr, tile, M, stride_xm, N: tl.constexpr, GATED: tl.constexpr, BLOCKS: tl.constexpr):
     """Gate and up of the blocks of ``tile`` (BLOCKS consecutive 16-element blocks of the [M, N / 16] grid of
-    blocks, across rows) as two [BLOCKS, 8] halves each; blocks past the end load nothing."""
+    blocks, across rows) as pair words (``x_ptr``: two elements per word, ``stride_xm`` in words), two [BLOCKS, 4]
+    halves each. Lanes past the end load the last block again (no masks: no predicated loads, no zeroed
+    registers); their results are never stored, and every lane is a block of its own."""
     NB: tl.constexpr = N // 16
-    blk = tile * BLOCKS + tl.arange(0, BLOCKS)
+    blk = tl.minimum(tile * BLOCKS + tl.arange(0, BLOCKS), M * NB - 1)
     row = blk // NB  # N is a constexpr: a multiply-high
-    offs = (row.to(tl.int64) * stride_xm + (blk - row * NB) * 16)[:, None] + tl.arange(0, 8)[None, :]
-    mask = (blk < M * NB)[:, None]
-    g0, u0 = _load_gate_up(x_ptr, offs, mask, N, GATED)
-    g1, u1 = _load_gate_up(x_ptr, offs + 8, mask, N, GATED)
-    return g0, u0, g1, u1
+    offs = (row.to(tl.int64) * stride_xm + (blk - row * NB) * 8)[:, None] + tl.arange(0, 4)[None, :]
+    g0 = tl.load(x_ptr + offs)
+    g1 = tl.load(x_ptr + offs + 4)
+    if GATED:
+        return g0, tl.load(x_ptr + offs + N // 2), g1, tl.load(x_ptr + offs + (4 + N // 2))
+    return g0, g0, g1, g1
+
+
+@triton.jit
+def _pair_elements(w, KIND: tl.constexpr):
+    """(even, odd) elements of pair words: bf16 as int16 bits (KIND 0), fp16 (1), fp32 (2, from int64 words)."""
+    if KIND == 2:
+        return w.to(tl.int32).to(tl.float32, bitcast=True), (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    even, odd = w.to(tl.int16), (w >> 16).to(tl.int16)
+    if KIND == 1:
+        return even.to(tl.float16, bitcast=True), odd.to(tl.float16, bitcast=True)
+    return even, odd
+
+
+@triton.jit
+def _pair_activation(g2, u2, GATED: tl.constexpr, KIND: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr):
+    """(h of the even elements, h of the odd) of pair words, as ``_activation_of`` computes h."""
+    if GATED and KIND == 0 and ON_GPU and FAST_SILU:
+        return _silu_mul_pairs(g2, u2)
+    DT: tl.constexpr = tl.bfloat16 if KIND == 0 else tl.float16 if KIND == 1 else tl.float32
+    g_even, g_odd = _pair_elements(g2, KIND)
+    u_even, u_odd = _pair_elements(u2, KIND)
+    return (_activation_of(g_even, u_even, GATED, KIND == 0, ON_GPU, FAST_SILU, DT),
+            _activation_of(g_odd, u_odd, GATED, KIND == 0, ON_GPU, FAST_SILU, DT))
 
 
 @triton.jit
 def _nvfp4_kernel(
     x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.constexpr,
-    GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
+    GATED: tl.constexpr, KIND: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
     BLOCKS: tl.constexpr, PDL: tl.constexpr,
 ):
-    # NVFP4, one thread per 16-element block: the block is loaded as two [BLOCKS, 8] halves, so a thread holds all
-    # of its block and amax, block scale and divisor are computed once per block, in-thread (no shuffle, no
-    # duplicate work, no layout change before the scale byte's store). A tile is BLOCKS consecutive blocks of the
-    # [M, N / 16] grid of blocks, across rows, so no program is part-empty at row ends. Programs walk their tiles
-    # with the next tile's loads issued before this tile's arithmetic: its memory time overlaps this tile's
-    # instructions, which a launch of one program per tile, all loading and then all computing, does not.
-    # Outputs are contiguous: ``out_ptr`` the packed codes as int32 words, eight codes each, two per block; a NaN
-    # block is 0x77 bytes throughout.
+    # NVFP4, one thread per 16-element block: the block is loaded as two halves of four pair words (two elements
+    # per 32-bit word for bf16 / fp16, ``KIND`` 0 / 1; per 64-bit word for fp32, 2), so a thread holds all of its
+    # block and amax, block scale and divisor are computed once per block, in-thread (no shuffle, no duplicate work,
+    # no layout change before the scale byte's store), and the even and odd elements come apart as the two halves
+    # of a word, as the packed nibbles want them. A tile is BLOCKS consecutive blocks of the [M, N / 16] grid of
+    # blocks, across rows, so no program is part-empty at row ends. Programs walk their tiles with the next tile's
+    # loads issued before this tile's arithmetic: its memory time overlaps this tile's instructions, which a launch
+    # of one program per tile, all loading and then all computing, does not; 32-bit words keep the loads in flight
+    # in whole registers (16-bit elements were repacked at every iteration of the loop). Outputs are
+    # contiguous: ``out_ptr`` the packed codes as int32 words, eight codes each, two per block; a NaN block is 0x77
+    # bytes throughout.
     pdl_enter(PDL)
-    DT: tl.constexpr = tl.bfloat16 if IS_BF16 else x_ptr.dtype.element_ty
     scale = tl.load(scale_ptr)
     # bf16 / fp16 h is 0 or >= 2^-133 in magnitude: divided by at most 448 x 64 it cannot round to zero
-    nonzero = (x_ptr.dtype.element_ty != tl.float32) & (scale <= 64.0)
+    nonzero = (KIND != 2) & (scale <= 64.0)
+    inv_s6 = _rcp(6.0 * scale) if ON_GPU else 0.0  # the interpreter divides
     pid = tl.program_id(0)
     n_tiles = tl.cdiv(M * (N // 16), BLOCKS)
     g0, u0, g1, u1 = _nvfp4_loads(x_ptr, pid, M, stride_xm, N, GATED, BLOCKS)
     for tile in range(pid, n_tiles, tl.num_programs(0)):
         next_g0, next_u0, next_g1, next_u1 = _nvfp4_loads(x_ptr, tile + tl.num_programs(0), M, stride_xm, N, GATED,
                                                           BLOCKS)
-        h0 = _activation_of(g0, u0, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-        h1 = _activation_of(g1, u1, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-        bamax = max_nan(abs_max(h0, 1), abs_max(h1, 1))
-        scode, denom, inv = _nvfp4_block_scales(bamax, scale, ON_GPU)
+        even0, odd0 = _pair_activation(g0, u0, GATED, KIND, ON_GPU, FAST_SILU)
+        even1, odd1 = _pair_activation(g1, u1, GATED, KIND, ON_GPU, FAST_SILU)
+        bamax = max_nan(max_nan(abs_max(even0, 1), abs_max(odd0, 1)), max_nan(abs_max(even1, 1), abs_max(odd1, 1)))
+        scode, denom, inv = _nvfp4_block_scales(bamax, scale, inv_s6, ON_GPU)
         blk = tile * BLOCKS + tl.arange(0, BLOCKS)
         bmask = blk < M * (N // 16)
         tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
         denom = denom[:, None]
         inv = inv[:, None]
         if nonzero:
-            words = tl.join(_e2m1_word(h0, denom, inv, ON_GPU, True), _e2m1_word(h1, denom, inv, ON_GPU, True))
+            words = tl.join(_e2m1_word(even0, odd0, denom, inv, ON_GPU, True),
+                            _e2m1_word(even1, odd1, denom, inv, ON_GPU, True))
         else:
-            words = tl.join(_e2m1_word(h0, denom, inv, ON_GPU, False), _e2m1_word(h1, denom, inv, ON_GPU, False))
+            words = tl.join(_e2m1_word(even0, odd0, denom, inv, ON_GPU, False),
+                            _e2m1_word(even1, odd1, denom, inv, ON_GPU, False))
         words = tl.where((bamax != bamax)[:, None], 0x77777777, words)
         tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
         g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1
@@ -388,6 +424,11 @@ def _compiled(kernel, device: torch.device):
     return kernel
 
 
+# NVFP4 tiles: at most 512 blocks, and at least 256 tiles (two programs for each of the H200's 132 SMs) where the
+# tokens allow
+NVFP4_MAX_BLOCKS = 512
+NVFP4_MIN_TILES = 256
+
 # Per-token FP8 row programs: a register cap that keeps 32 warps per SM resident, and the rows from which 4- and 8-warp
 # launches take it (``default_config``).
 ROW_MAX_REGISTERS = 64
@@ -399,11 +440,11 @@ def default_config(mode: str, M: int, N: int) -> dict:
     (bf16 73.7 us and FP8 static 61.8, the best there), with the approximate bf16 silu, exact for every bf16 gate and
     up value in that run.
 
-    NVFP4 (``_nvfp4_kernel``): one block per thread, programs walking the tiles: 512 blocks, 16 warps, 2 programs
-    per SM from 8192 columns, 256 blocks, 8 warps, 4 programs per SM below (bench/results/silu_quant_h200_run25*.json,
-    two trees in one device call, alike: at 4096 x 12288 59.5 us against 61.3, at 1024 x 12288 / 18944 17.9 / 25.4
-    against 18.1 / 25.8, the best tried there; at 1024 x 6144 every config of 256 or 128 blocks within 0.3 us of
-    10.4; one program per tile 69.6 us at 4096 x 12288).
+    NVFP4 (``_nvfp4_kernel``): one block per thread, 32 warps per SM (62 registers) walking the tiles, tiles of 512
+    blocks (16 warps, 2 programs per SM) where that still makes ``NVFP4_MIN_TILES`` tiles, halved down to 32 blocks
+    (one warp) until it does (bench/results/silu_quant_h200_run26.json: 512 blocks the best tried at 4096 x 12288,
+    56.7 us, and at 1024 rows of 6144 / 12288 / 18944, 9.8 / 16.6 / 23.6 us; at 16 rows 32 to 128 blocks within 0.05
+    us of the best, 512 up to 0.9 us slower; one program per tile 64.6 us at 4096 x 12288).
 
     Per-token FP8 (the same run's sweeps at 4096 rows of 6144, 12288 and 18944 columns): the row held in registers by
     ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
@@ -424,9 +465,10 @@ def default_config(mode: str, M: int, N: int) -> dict:
             return {"block_m": 1, "block_n": 1024, "num_warps": 4, "fast_silu": True}
         return {"block_m": 1, "block_n": 2048, "num_warps": 8, "fast_silu": True}
     if mode == "nvfp4":
-        if N >= 8192:
-            return {"blocks": 512, "num_warps": 16, "programs_per_sm": 2, "fast_silu": True}
-        return {"blocks": 256, "num_warps": 8, "programs_per_sm": 4, "fast_silu": True}
+        blocks = NVFP4_MAX_BLOCKS
+        while blocks > 32 and M * (N // 16) < NVFP4_MIN_TILES * blocks:
+            blocks //= 2
+        return {"blocks": blocks, "num_warps": blocks // 32, "programs_per_sm": 1024 // blocks, "fast_silu": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
     return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_silu": True}
@@ -454,15 +496,21 @@ def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int,
 
 
 def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: int, N: int, gated: bool,
-                  as_bits: bool, cfg: dict) -> None:
+                  cfg: dict) -> None:
     blocks, dev = cfg["blocks"], x.device
     tiles = triton.cdiv(M * (N // 16), blocks)
     # programs_per_sm: that many programs per SM walk the tiles (the interpreter counts one SM); 0: one per tile
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
     grid = min(tiles, cfg["programs_per_sm"] * sms) if cfg.get("programs_per_sm") else tiles
+    kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}.get(x.dtype)
+    if kind is None:
+        raise ValueError(f"NVFP4 activations from bf16, fp16 or fp32, got {x.dtype}")
+    if x.stride(0) % 2 or x.storage_offset() % 2:  # pair words need rows at even offsets
+        x = x.contiguous()
+    words = x.view(torch.int64 if kind == 2 else torch.int32)
     _compiled(_nvfp4_kernel, dev)[(grid,)](
-        x, out.view(torch.int32), scale, out_scale, M, x.stride(0), N=N,
-        GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"], BLOCKS=blocks,
+        words, out.view(torch.int32), scale, out_scale, M, words.stride(0), N=N,
+        GATED=gated, KIND=kind, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"], BLOCKS=blocks,
         num_warps=cfg["num_warps"], **pdl_args(dev),
     )
 
@@ -502,7 +550,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
     if M > 0 and mode == "nvfp4":
         if "blocks" not in cfg:
             raise ValueError(f"an nvfp4 config gives 'blocks' (16-element blocks per program), got {cfg}")
-        _launch_nvfp4(x_arg, out, out_scale, scale, M, N, gated, as_bits, cfg)
+        _launch_nvfp4(x2, out, out_scale, scale, M, N, gated, cfg)
     elif M > 0 and cfg.get("row_tiles"):
         if mode != "fp8_dynamic":
             raise ValueError(f"row_tiles configs are for mode 'fp8_dynamic', not {mode!r}")
