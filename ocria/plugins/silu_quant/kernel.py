@@ -21,6 +21,9 @@ The earlier builds and what each cost are in the README's benchmark table: Trito
 through fp16 (midpoints rounded down, bench/results/silu_quant_h200_run2.json), and an E4M3 byte from a signed
 quotient lost the sign of -0, since Triton negates by subtracting from +0 (run14).
 
+NVFP4 has its own kernel (``_nvfp4_kernel``): a thread holds one 16-element block, read as pair words, so amax, block
+scale and divisor are per thread, and programs walk tiles of blocks with the next tile's loads in flight.
+
 Per-token FP8 needs a row's amax before its first byte. Rows up to 32768 wide are held in registers by
 ``_token_fp8_row_kernel`` (one pass: h computed once); wider ones walk the row twice in ``_silu_mul_quant_kernel``.
 """
