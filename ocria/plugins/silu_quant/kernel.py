@@ -382,17 +382,21 @@ def _token_fp8_row_kernel(
     O3: tl.constexpr = W0 + W1 + W2
     row = tl.program_id(0).to(tl.int64)
     x_off = row * stride_xm
-    amax = tl.zeros([1], dtype=tl.float32)
+    # Every tile's loads before the first reduction: a reduction's barrier is a fence no load moves across, so a
+    # tile loaded after one waits for the tiles before it to arrive and reduce.
     h0 = _row_tile(x_ptr, x_off, 0, W0, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-    amax = _row_amax(h0, amax)
     if W1 > 0:
         h1 = _row_tile(x_ptr, x_off, O1, W1, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-        amax = _row_amax(h1, amax)
     if W2 > 0:
         h2 = _row_tile(x_ptr, x_off, O2, W2, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-        amax = _row_amax(h2, amax)
     if W3 > 0:
         h3 = _row_tile(x_ptr, x_off, O3, W3, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    amax = _row_amax(h0, tl.zeros([1], dtype=tl.float32))
+    if W1 > 0:
+        amax = _row_amax(h1, amax)
+    if W2 > 0:
+        amax = _row_amax(h2, amax)
+    if W3 > 0:
         amax = _row_amax(h3, amax)
     row_scale = scale_of(amax)
     tl.store(out_scale_ptr + row * stride_sm + tl.arange(0, 1), row_scale)
@@ -457,8 +461,11 @@ def default_config(mode: str, M: int, N: int) -> dict:
     ran 18944-wide rows at 163.7 us against 116.6 (silu_quant_h200_run17.json against run16); at 4 and 8 warps from
     ``CAPPED_FROM_ROWS`` rows, where it pays (silu_quant_h200_run20.json: 1024 rows of 6144 11.63 -> 10.55 us, of 12288
     21.79 -> 19.58; 4096 rows 35.67 -> 34.54 and 70.59 -> 66.62) and not below (1 to 128 rows 2-4% slower with it:
-    run20's table against run19's). Rows wider than 32768 (not measured since run 10) walk their chunks twice, amax
-    then bytes: 1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
+    run20's table against run19's). The kernel issues every tile's loads before the first amax reduction (its barrier
+    held the later tiles' loads back): 4096 x 12288 66.96 -> 63.73 us, 8192 x 12288 127.78 -> 120.88, but 1024 x 12288
+    19.61 -> 20.45 (silu_quant_h200_run28.json against run27_row_walk's row-kernel rows). Rows wider than 32768 (not
+    measured since run 10) walk their chunks twice, amax then bytes: 1024-column chunks with 4 warps from 1024 rows,
+    2048 with 8 below (silu_quant_h200_run10.json)."""
     if mode == "fp8_dynamic":
         if N <= 32768:
             warps = 4 if N <= 6144 else 8 if N <= 12288 else 16
