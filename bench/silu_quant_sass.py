@@ -18,7 +18,8 @@ from ocria.plugins.silu_quant.kernel import (
     _silu_mul_quant_kernel,
     _token_fp8_row_kernel,
     default_config,
-    row_tiles,
+    row_tile_elems,
+    row_tiling,
     tiling,
 )
 
@@ -48,14 +49,13 @@ def stats(mode: str, n: int, cfg: dict) -> dict:
 def row_stats(n: int, cfg: dict) -> dict:
     """Per-token FP8 in one pass (``_token_fp8_row_kernel``, the row in registers), with its register cap if any."""
     warps = cfg["num_warps"]
-    tiles = row_tiles(n, min_tile=8 * 32 * warps)
-    consts = dict(GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"], PDL=False,
-                  **{f"W{i}": w for i, w in enumerate(tiles)})
+    width, tiles = row_tiling(n, warps, cfg.get("tile_elems") or row_tile_elems(n, warps))
+    consts = dict(GATED=True, IS_BF16=True, ON_GPU=True, FAST_SILU=cfg["fast_silu"], PDL=False, W=width, NT=tiles)
     types = dict(x_ptr="*i16", out_ptr="*u8", out_scale_ptr="*fp32", N="i32", stride_xm="i32", stride_om="i32",
                  stride_sm="i32")
     out = compile_sm90(_token_fp8_row_kernel, types, consts, warps, divisible_by_16=DIVISIBLE_BY_16[:2] + (
         "out_scale_ptr", "N", "stride_xm", "stride_om"), maxnreg=cfg.get("max_registers"))
-    return _row("fp8_dynamic", n, cfg, [1, sum(tiles)], 1, out)
+    return _row("fp8_dynamic", n, cfg, [1, width * tiles], 1, out)
 
 
 def nvfp4_stats(n: int, cfg: dict) -> dict:

@@ -16,7 +16,7 @@ from ocria.plugins.silu_quant import (
     silu_mul_quant,
     silu_mul_quant_reference,
 )
-from ocria.plugins.silu_quant.kernel import quantize_act_triton, row_tiles, silu_mul_quant_triton
+from ocria.plugins.silu_quant.kernel import quantize_act_triton, row_tile_elems, row_tiling, silu_mul_quant_triton
 
 SCALES = {"bf16": None, "fp8_static": torch.tensor([0.02]), "fp8_dynamic": None,
           "nvfp4": nx.nvfp4_global_scale(torch.tensor(12.0))}
@@ -116,21 +116,32 @@ def test_fp8_dynamic_one_pass_and_chunked_rows_agree_with_reference(block_n):
                      silu_mul_quant_reference(gate_up, "fp8_dynamic", None))
 
 
-@pytest.mark.parametrize("n, min_tile, tiles", [
-    (6144, 256, (4096, 2048, 0, 0)), (18944, 256, (16384, 2048, 512, 0)), (7680, 256, (4096, 2048, 1024, 512)),
-    (7936, 256, (4096, 2048, 1024, 1024)), (5000, 256, (4096, 512, 256, 256)), (100, 256, (128, 0, 0, 0)),
-    (18944, 4096, (16384, 4096, 0, 0)), (12288, 2048, (8192, 4096, 0, 0)), (1000, 1024, (1024, 0, 0, 0))])
-def test_row_tiles_cover_the_row_with_one_masked_tile_at_most(n, min_tile, tiles):
-    assert row_tiles(n, min_tile) == tiles
-    present = [t for t in tiles if t]
-    assert sum(present[:-1]) < n <= sum(present)
+@pytest.mark.parametrize("n, warps, elems, tiling", [
+    (6144, 4, 16, (2048, 3)), (12288, 8, 16, (4096, 3)), (18944, 16, 16, (8192, 3)), (18944, 16, 8, (4096, 5)),
+    (1400, 1, 8, (256, 6)), (100, 4, 16, (2048, 1))])
+def test_row_tiling_covers_the_row_with_equal_tiles(n, warps, elems, tiling):
+    width, tiles = row_tiling(n, warps, elems)
+    assert (width, tiles) == tiling
+    assert (tiles - 1) * width < n <= tiles * width
 
 
-@pytest.mark.parametrize("n, warps", [(1536, 4), (1000, 4), (2320, 4), (5000, 16)])
-def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n, warps):
-    """The row held as power-of-two tiles (1536 = 1024 + 512; 1000, 2320 and, with 16 warps and its register cap,
-    5000 = 4096 + a masked 1024 end in a masked tile): gated bf16 with a NaN row, a zero row and an inf, and fp32."""
-    cfg = {"row_tiles": True, "num_warps": warps, "fast_silu": False, **({"max_registers": 64} if warps == 16 else {})}
+def test_row_tile_elems_pads_least_and_bad_tilings_are_rejected():
+    assert row_tile_elems(18944, 16) == 8  # 20480 columns against 24576
+    assert row_tile_elems(6144, 4) == row_tile_elems(12288, 8) == 16
+    with pytest.raises(ValueError, match="more than the row kernel"):
+        row_tiling(100_000, 4, 16)
+    with pytest.raises(ValueError, match="8 or 16 elements"):
+        row_tiling(6144, 4, 4)
+
+
+@pytest.mark.parametrize("n, warps, elems", [(1536, 4, None), (1000, 4, None), (2320, 4, None), (5000, 16, None),
+                                             (1400, 1, 8), (1000, 1, 16)])
+def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n, warps, elems):
+    """The row held as equal tiles, the last one masked (2320 columns, 4 warps: three of 1024; 1400, one warp and
+    8 elements per thread: six of 256; 5000 with 16 warps and its register cap): gated bf16 with a NaN row, a zero
+    row and an inf, and fp32."""
+    cfg = {"row_tiles": True, "num_warps": warps, "fast_silu": False, **({"max_registers": 64} if warps == 16 else {}),
+           **({"tile_elems": elems} if elems else {})}
     torch.manual_seed(n)
     gate_up = (torch.randn(5, 2 * n) * 3).to(torch.bfloat16)
     gate_up[1, 7] = float("nan")
@@ -140,33 +151,6 @@ def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n, warps):
                  silu_mul_quant_reference(gate_up, "fp8_dynamic", None))
     x = gate_up[:, :n].float() * 1e-3
     _assert_same(quantize_act_triton(x, "fp8_dynamic", None, cfg), quantize_act_reference(x, "fp8_dynamic", None))
-
-
-@pytest.mark.parametrize("programs_per_sm", [0, 2], ids=["one_program_per_tile", "programs_walk_tiles"])
-def test_nvfp4_tiles_across_rows_match_reference(programs_per_sm):
-    """NVFP4 tiles of 4 blocks across row ends (N = 48: three blocks a row), with the interpreter's one SM running
-    two programs that walk 5 tiles each (the next tile's loads before this one's codes), or one program a tile."""
-    cfg = {"blocks": 4, "num_warps": 1, "programs_per_sm": programs_per_sm, "fast_silu": False}
-    torch.manual_seed(5)
-    gate_up = (torch.randn(13, 2 * 48) * 3).to(torch.bfloat16)
-    gate_up[4, 20] = float("nan")
-    gate_up[7, :16] = 0.0
-    scale = SCALES["nvfp4"]
-    _assert_same(silu_mul_quant_triton(gate_up, "nvfp4", scale, cfg), silu_mul_quant_reference(gate_up, "nvfp4", scale))
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_nvfp4_from_fp16_and_fp32_pair_words(dtype):
-    """NVFP4 activations read as pair words of fp16 (32-bit) and fp32 (64-bit), at a global scale in the fast range and
-    one past it (the dividing path): fp32 denormals whose quotient rounds to zero carry no sign, -0 none either."""
-    torch.manual_seed(6)
-    x = torch.randn(5, 64) * 3
-    x[1, :16] = -1e-42
-    x[2, 3] = -0.0
-    x[3, :4] = torch.tensor([100.0, -1e-42, 2e-42, -3.0])
-    x = x.to(dtype)
-    for scale in (SCALES["nvfp4"], torch.tensor(1e6)):
-        _assert_same(quantize_act_triton(x, "nvfp4", scale), quantize_act_reference(x, "nvfp4", scale))
 
 
 def test_row_tiles_config_only_for_per_token_fp8():

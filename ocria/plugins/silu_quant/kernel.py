@@ -370,57 +370,75 @@ def _store_row_tile(out_ptr, out_off, h, row_scale, START: tl.constexpr, W: tl.c
 def _token_fp8_row_kernel(
     x_ptr, out_ptr, out_scale_ptr, N, stride_xm, stride_om, stride_sm,
     GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
-    W0: tl.constexpr, W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, PDL: tl.constexpr,
+    W: tl.constexpr, NT: tl.constexpr, PDL: tl.constexpr,
 ):
-    # Per-token FP8 in one pass, one program per row: the row's h is held in registers as up to four
-    # power-of-two tiles W0, W1, ... (0 = absent; only the last one reaches past N), so the row is read and its
-    # silu computed once; its amax gives the scale and the same registers give the bytes.
+    # Per-token FP8 in one pass, one program per row: the row's h is held in registers as NT (<= ROW_MAX_TILES)
+    # tiles of W columns (only the last reaches past N), so the row is read and its silu computed once; its amax
+    # gives the scale and the same registers give the bytes. Tiles of one width share one layout: |h| is maxed
+    # across them element by element and reduced once (one barrier pair), and no tile's h changes layout on its
+    # way to its store. Every tile's loads go out before that reduction: no load moves across its barrier.
     pdl_enter(PDL)
     DT: tl.constexpr = tl.bfloat16 if IS_BF16 else x_ptr.dtype.element_ty
-    O1: tl.constexpr = W0
-    O2: tl.constexpr = W0 + W1
-    O3: tl.constexpr = W0 + W1 + W2
     row = tl.program_id(0).to(tl.int64)
     x_off = row * stride_xm
-    # Every tile's loads before the first reduction: a reduction's barrier is a fence no load moves across, so a
-    # tile loaded after one waits for the tiles before it to arrive and reduce.
-    h0 = _row_tile(x_ptr, x_off, 0, W0, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-    if W1 > 0:
-        h1 = _row_tile(x_ptr, x_off, O1, W1, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-    if W2 > 0:
-        h2 = _row_tile(x_ptr, x_off, O2, W2, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-    if W3 > 0:
-        h3 = _row_tile(x_ptr, x_off, O3, W3, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
-    amax = _row_amax(h0, tl.zeros([1], dtype=tl.float32))
-    if W1 > 0:
-        amax = _row_amax(h1, amax)
-    if W2 > 0:
-        amax = _row_amax(h2, amax)
-    if W3 > 0:
-        amax = _row_amax(h3, amax)
-    row_scale = scale_of(amax)
+    h0 = _row_tile(x_ptr, x_off, 0, W, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    if NT > 1:
+        h1 = _row_tile(x_ptr, x_off, W, W, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    if NT > 2:
+        h2 = _row_tile(x_ptr, x_off, 2 * W, W, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    if NT > 3:
+        h3 = _row_tile(x_ptr, x_off, 3 * W, W, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    if NT > 4:
+        h4 = _row_tile(x_ptr, x_off, 4 * W, W, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    if NT > 5:
+        h5 = _row_tile(x_ptr, x_off, 5 * W, W, N, GATED, IS_BF16, ON_GPU, FAST_SILU, DT)
+    a = tl.abs(h0)
+    if NT > 1:
+        a = max_nan(a, tl.abs(h1))
+    if NT > 2:
+        a = max_nan(a, tl.abs(h2))
+    if NT > 3:
+        a = max_nan(a, tl.abs(h3))
+    if NT > 4:
+        a = max_nan(a, tl.abs(h4))
+    if NT > 5:
+        a = max_nan(a, tl.abs(h5))
+    row_scale = scale_of(abs_max(a, 1))
     tl.store(out_scale_ptr + row * stride_sm + tl.arange(0, 1), row_scale)
     out_off = row * stride_om
-    _store_row_tile(out_ptr, out_off, h0, row_scale, 0, W0, N, ON_GPU)
-    if W1 > 0:
-        _store_row_tile(out_ptr, out_off, h1, row_scale, O1, W1, N, ON_GPU)
-    if W2 > 0:
-        _store_row_tile(out_ptr, out_off, h2, row_scale, O2, W2, N, ON_GPU)
-    if W3 > 0:
-        _store_row_tile(out_ptr, out_off, h3, row_scale, O3, W3, N, ON_GPU)
+    _store_row_tile(out_ptr, out_off, h0, row_scale, 0, W, N, ON_GPU)
+    if NT > 1:
+        _store_row_tile(out_ptr, out_off, h1, row_scale, W, W, N, ON_GPU)
+    if NT > 2:
+        _store_row_tile(out_ptr, out_off, h2, row_scale, 2 * W, W, N, ON_GPU)
+    if NT > 3:
+        _store_row_tile(out_ptr, out_off, h3, row_scale, 3 * W, W, N, ON_GPU)
+    if NT > 4:
+        _store_row_tile(out_ptr, out_off, h4, row_scale, 4 * W, W, N, ON_GPU)
+    if NT > 5:
+        _store_row_tile(out_ptr, out_off, h5, row_scale, 5 * W, W, N, ON_GPU)
 
 
-def row_tiles(N: int, min_tile: int, max_tiles: int = 4) -> tuple[int, int, int, int]:
-    """Power-of-two tile widths (zero-padded to four) that cover a row of N: the binary digits of N from the
-    top, down to ``min_tile``; what is left (or what a fourth digit would not cover) is one last, masked tile.
-    The launcher takes ``min_tile`` = 8 elements per thread, so no tile loads less than 16 bytes per thread."""
-    tiles, rest = [], N
-    while rest >= min_tile and len(tiles) < max_tiles - 1:
-        tiles.append(1 << (rest.bit_length() - 1))
-        rest -= tiles[-1]
-    if rest:
-        tiles.append(max(16, triton.next_power_of_2(rest)))
-    return tuple(tiles + [0] * (max_tiles - len(tiles)))
+ROW_MAX_TILES = 6  # tiles the row kernel spells out
+
+
+def row_tiling(N: int, num_warps: int, tile_elems: int) -> tuple[int, int]:
+    """(W, NT): tiles of ``tile_elems`` elements per thread (16 or 8: 32 or 16 bytes of gate per load) covering a
+    row of N, for ``_token_fp8_row_kernel``."""
+    if tile_elems not in (8, 16):
+        raise ValueError(f"row tiles hold 8 or 16 elements per thread, got tile_elems={tile_elems}")
+    width = tile_elems * 32 * num_warps
+    tiles = triton.cdiv(N, width)
+    if tiles > ROW_MAX_TILES:
+        raise ValueError(f"a row of {N} needs {tiles} tiles of {width} columns, more than the row kernel's "
+                         f"{ROW_MAX_TILES}: use more warps or 16 elements per thread")
+    return width, tiles
+
+
+def row_tile_elems(N: int, num_warps: int) -> int:
+    """16 elements per thread unless 8 pads the row less (18944 columns, 16 warps: 20480 against 24576)."""
+    pad = {e: triton.cdiv(N, e * 32 * num_warps) * e * 32 * num_warps for e in (16, 8)}
+    return 8 if pad[8] < pad[16] and triton.cdiv(N, 8 * 32 * num_warps) <= ROW_MAX_TILES else 16
 
 
 def _compiled(kernel, device: torch.device):
@@ -436,7 +454,7 @@ def _compiled(kernel, device: torch.device):
 NVFP4_MAX_BLOCKS = 512
 NVFP4_MIN_TILES = 256
 
-# Per-token FP8 row programs: a register cap that keeps 32 warps per SM resident, and the rows from which 4- and 8-warp
+# Per-token FP8 row programs: a register cap that keeps 32 warps per SM resident, and the rows from which 8-warp
 # launches take it (``default_config``).
 ROW_MAX_REGISTERS = 64
 CAPPED_FROM_ROWS = 1024
@@ -453,22 +471,21 @@ def default_config(mode: str, M: int, N: int) -> dict:
     56.7 us, and at 1024 rows of 6144 / 12288 / 18944, 9.8 / 16.6 / 23.6 us; at 16 rows 32 to 128 blocks within 0.05
     us of the best, 512 up to 0.9 us slower; one program per tile 64.6 us at 4096 x 12288).
 
-    Per-token FP8 (the same run's sweeps at 4096 rows of 6144, 12288 and 18944 columns): the row held in registers by
-    ``_token_fp8_row_kernel`` as tiles of >= 8 elements per thread, h computed once, with 4 warps up to 6144 columns
-    (36.4 us), 8 up to 12288 (70.4 us), 16 above (18944: 116.7 us), each the best there, against 46.7, 87.9 and
-    162.0 us for the best two-pass chunks. Registers capped at ``ROW_MAX_REGISTERS`` (32 warps per SM; a few bytes of
-    spills at 4 and 8 warps): always at 16 warps, where a build at 121 registers (silu_quant_sass_row16_remainder.json)
-    ran 18944-wide rows at 163.7 us against 116.6 (silu_quant_h200_run17.json against run16); at 4 and 8 warps from
-    ``CAPPED_FROM_ROWS`` rows, where it pays (silu_quant_h200_run20.json: 1024 rows of 6144 11.63 -> 10.55 us, of 12288
-    21.79 -> 19.58; 4096 rows 35.67 -> 34.54 and 70.59 -> 66.62) and not below (1 to 128 rows 2-4% slower with it:
-    run20's table against run19's). The kernel issues every tile's loads before the first amax reduction (its barrier
-    held the later tiles' loads back): 4096 x 12288 66.96 -> 63.73 us, 8192 x 12288 127.78 -> 120.88, but 1024 x 12288
-    19.61 -> 20.45 (silu_quant_h200_run28.json against run27_row_walk's row-kernel rows). Rows wider than 32768 (not
-    measured since run 10) walk their chunks twice, amax then bytes: 1024-column chunks with 4 warps from 1024 rows,
-    2048 with 8 below (silu_quant_h200_run10.json)."""
+    Per-token FP8: the row held in registers by ``_token_fp8_row_kernel`` as equal tiles (16 or 8 elements per
+    thread, whichever pads the row less), h computed once, with 8 warps up to 6144 columns and 16 above
+    (bench/results/silu_quant_h200_run29.json: at 1024 rows 9.75 / 18.54 / 27.19 us for 6144 / 12288 / 18944
+    columns, against 11.07 / 20.11 / 27.18 for run 28's 4 / 8 / 16 warps; at 4096 rows 32.33 / 61.94 / 93.63 against
+    34.50 / 63.61 / 93.49; 18944 with the tiles of unequal widths before it, run28: 34.0 us at 1024 rows, 115.1 at
+    4096). Registers capped at ``ROW_MAX_REGISTERS`` (32 warps per SM; a few bytes of spills): always at 16 warps,
+    where a build at 121 registers (silu_quant_sass_row16_remainder.json) ran 18944-wide rows at 163.7 us against
+    116.6 (silu_quant_h200_run17.json against run16); at 8 warps from ``CAPPED_FROM_ROWS`` rows, where it pays
+    (run29: 1024 x 6144 9.87 -> 9.75 us, 4096 x 6144 33.34 -> 32.84) and not below (1 to 128 rows 2-4% slower with it
+    at 4 and 8 warps: silu_quant_h200_run20.json's table against run19's). The best two-pass chunks took 46.7, 87.9
+    and 162.0 us at 4096 rows (run18). Rows wider than 32768 (not measured since run 10) walk their chunks twice,
+    amax then bytes: 1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
     if mode == "fp8_dynamic":
         if N <= 32768:
-            warps = 4 if N <= 6144 else 8 if N <= 12288 else 16
+            warps = 8 if N <= 6144 else 16
             cap = {"max_registers": ROW_MAX_REGISTERS} if warps == 16 or M >= CAPPED_FROM_ROWS else {}
             return {"row_tiles": True, "num_warps": warps, "fast_silu": True, **cap}
         if M >= 1024:
@@ -494,14 +511,14 @@ def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
 
 def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int, gated: bool, as_bits: bool,
                       cfg: dict) -> None:
-    w0, w1, w2, w3 = row_tiles(N, min_tile=8 * 32 * cfg["num_warps"])
+    warps = cfg["num_warps"]
+    width, tiles = row_tiling(N, warps, cfg.get("tile_elems") or row_tile_elems(N, warps))
     cap = cfg.get("max_registers")
     dev = x.device
     _compiled(_token_fp8_row_kernel, dev)[(M,)](
         x, out, out_scale, N, x.stride(0), out.stride(0), out_scale.stride(0),
         GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"],
-        W0=w0, W1=w1, W2=w2, W3=w3, num_warps=cfg["num_warps"], **pdl_args(dev),
-        **({"maxnreg": cap} if cap else {}),
+        W=width, NT=tiles, num_warps=warps, **pdl_args(dev), **({"maxnreg": cap} if cap else {}),
     )
 
 
