@@ -39,8 +39,9 @@ def _f32_exponent(a: Tensor) -> Tensor:
 
 def _exact_divisor(value: float, like: Tensor) -> Tensor:
     """A divisor as a tensor on ``like``'s device: PyTorch's CUDA division by a Python number
-    multiplies by its rounded reciprocal instead of dividing, which changes the last bit."""
-    return torch.tensor(value, dtype=torch.float32, device=like.device)
+    multiplies by its rounded reciprocal instead of dividing, which changes the last bit. Filled on the
+    device, not copied from the host: a copy cannot be captured in a CUDA graph."""
+    return torch.full((), value, dtype=torch.float32, device=like.device)
 
 
 def _rint(y: Tensor) -> Tensor:
