@@ -17,9 +17,8 @@ from ocria.plugins.rms_norm import (
     rms_norm,
     rms_norm_rope,
 )
-from ocria.plugins.rms_norm.op import fp8_reference
 from ocria.plugins.rms_norm.reference import apply_rotary  # noqa: F401  (the models' rotary, used by vision and training)
-from ocria.plugins.silu_quant import silu_mul_quant
+from ocria.plugins.silu_quant import quantize_act, silu_mul_quant
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -45,8 +44,8 @@ class ZeroCenteredRMSNorm(nn.Module):
                 scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """``add`` and the FP8 quantization of the norm (``mode``: fp8_static with ``scale``, or fp8_dynamic) for
         the FP8 layers that read it: (sum, norm, E4M3 norm, per-token scales or None), one launch with the kernel."""
-        if residual is None:
-            return (x, y := self(x), *fp8_reference(y, mode, scale))
+        if residual is None:  # no add to fuse: the norm, then its FP8 bytes in one more launch
+            return (x, y := self(x), *quantize_act(y, mode, scale, use_kernel=self.use_kernel))
         return add_rms_norm_fp8(x, residual, self.weight, self.eps, 1.0, mode, scale, use_kernel=self.use_kernel)
 
     def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
