@@ -30,10 +30,10 @@ from ocria.plugins.decode_attention.kernel import (
     MAX_SPLITS,
     chunking,
     decode_attention_triton,
-    sm_count,
     split_count,
 )
 from ocria.plugins.decode_attention.reference import decode_attention_reference
+from ocria.plugins.launch import sm_count
 
 ROTATE_BYTES = 96 << 20
 TOLERANCE = 2e-2  # bf16, as tests/test_decode_attention.py

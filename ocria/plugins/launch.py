@@ -36,6 +36,19 @@ def capability(index: int | None) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+@cache
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Programs of a one-per-SM launch the device runs at once: its SMs on a GPU (asked once); 1 in the
+    interpreter, which runs programs one after another."""
+    if device.type != "cuda":
+        return 1
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def pdl_args(device: torch.device, always: bool = False) -> dict:
     """Launch keywords: the kernel's ``PDL`` constexpr and Triton's ``launch_pdl`` option, set together. ``always``:
     a launch that needs PDL to overlap the kernel before it, on every ``pdl_capable`` device, whatever ``OCRIA_PDL``

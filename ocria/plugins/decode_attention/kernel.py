@@ -17,15 +17,13 @@ chunks are ``INVARIANT_CHUNK`` keys whatever the length or batch, and always com
 result then depends on its own context only, not on the block or batch it came in.
 """
 
-from functools import lru_cache
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
 from ocria.errors import OcriaError
-from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.launch import pdl_args, pdl_enter, sm_count
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
 from ocria.plugins.switch import batch_invariant
 
@@ -147,19 +145,6 @@ def supports(q: Tensor, k_cache: Tensor) -> bool:
     B, H, T, D = q.shape
     return (T <= MAX_T and H % k_cache.shape[1] == 0 and k_cache.shape[-1] == D and q.stride(-1) == 1
             and k_cache.stride(-1) == 1)
-
-
-@lru_cache(maxsize=16)
-def _cuda_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    """Programs of this tile the device runs at once: one per SM on a GPU; 1 in the interpreter,
-    which runs programs one after another."""
-    if device.type != "cuda":
-        return 1
-    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def split_count(programs: int, attn_len: int, sms: int) -> int:

@@ -37,7 +37,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.fp8_codes import abs_max, e4m3_bytes, e4m3_code, max_nan, quotient, scale_of, token_scale
-from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.launch import pdl_args, pdl_enter, sm_count
 from ocria.plugins.numerics import NVFP4_BLOCK
 from ocria.plugins.rounding import round_to_dtype, widen
 
@@ -527,8 +527,7 @@ def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: i
     blocks, dev = cfg["blocks"], x.device
     tiles = triton.cdiv(M * (N // 16), blocks)
     # programs_per_sm: that many programs per SM walk the tiles (the interpreter counts one SM); 0: one per tile
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
-    grid = min(tiles, cfg["programs_per_sm"] * sms) if cfg.get("programs_per_sm") else tiles
+    grid = min(tiles, cfg["programs_per_sm"] * sm_count(dev)) if cfg.get("programs_per_sm") else tiles
     kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}.get(x.dtype)
     if kind is None:
         raise ValueError(f"NVFP4 activations from bf16, fp16 or fp32, got {x.dtype}")
