@@ -63,13 +63,12 @@ def e4m3_bytes(h, row_scale, ON_GPU: tl.constexpr):
     and ``e4m3_cvt`` rounds it and puts h's sign back; other scales (0, inf, NaN, extremes) divide and build the code
     by hand."""
     s = row_scale[:, None]
+    ok = 0  # the interpreter always divides
     if ON_GPU:
         ok = tl.min(((row_scale >= 5.421010862427522e-20) & (row_scale <= 6.646139978924579e35)).to(tl.int32), 0)
-        if ok == 1:
-            r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
-            code = e4m3_cvt(quotient(tl.abs(h), s, r, s * 448.0, ON_GPU), h)
-        else:
-            code = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))[0].to(tl.uint8)
+    if ok == 1:
+        r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+        code = e4m3_cvt(quotient(tl.abs(h), s, r, s * 448.0, ON_GPU), h)
     else:
         code = e4m3_code(tl.math.div_rn(h, tl.zeros_like(h) + s))[0].to(tl.uint8)
     return code
