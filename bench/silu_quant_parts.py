@@ -1,0 +1,150 @@
+"""Where the NVFP4 SiLU-quant kernel's time goes: its tile loop split into its memory side and its arithmetic.
+
+Variants of ``_nvfp4_kernel``'s loop, built from the kernel's own helpers and launched like it (programs walking
+tiles of 16-element blocks, the next tile's loads in flight):
+  full          the kernel's loop; its bytes are checked against ocria::silu_mul_quant
+  memory_only   the same loads and stores, the arithmetic replaced by an xor-sum of the loaded words
+  compute_l2    the same arithmetic on data that does not come from DRAM: every program reads tile 0 or 1 (L2 hits
+                after the first reads) and makes each next tile's words from the last ones with an xor
+  no_prefetch   the loop without the next tile's loads in flight (fewer registers: more warps per SM); bytes checked
+  empty         a launch that exits at once: what a kernel costs in the CUDA graph before it does anything
+Timed like bench/silu_quant.py (a CUDA graph over rotating input copies, >= 256 MB touched); the floor is the
+NVFP4 bytes at the copy bandwidth measured in the same run.
+
+    python3 bench/silu_quant_parts.py --out bench/results/silu_quant_parts_h200.json
+"""
+
+import argparse
+import datetime
+import shlex
+import subprocess
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from timing import copy_bandwidth, save_json, time_calls
+
+from ocria.plugins import numerics as nx
+from ocria.plugins.fp8_codes import abs_max, max_nan
+from ocria.plugins.silu_quant.kernel import (
+    _e2m1_word,
+    _nvfp4_block_scales,
+    _nvfp4_loads,
+    _pair_activation,
+    _rcp,
+    silu_mul_quant_triton,
+)
+
+ROTATE_BYTES = 256 << 20
+VARIANTS = ("full", "memory_only", "compute_l2", "no_prefetch", "empty")  # WHAT: the index
+FULL, MEMORY_ONLY, COMPUTE_L2, NO_PREFETCH, EMPTY = (tl.constexpr(i) for i in range(len(VARIANTS)))
+# (variant, blocks per tile, warps, programs per SM): the kernel's default shape at 1024 tokens, and no_prefetch at
+# 40 registers, 48 warps per SM
+RUNS = [("full", 512, 16, 2), ("memory_only", 512, 16, 2), ("compute_l2", 512, 16, 2), ("no_prefetch", 128, 4, 12),
+        ("empty", 512, 16, 2)]
+
+
+@triton.jit
+def _parts_kernel(x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.constexpr, BLOCKS: tl.constexpr,
+                  WHAT: tl.constexpr):
+    if WHAT != EMPTY:
+        scale = tl.load(scale_ptr)
+        inv_s6 = _rcp(6.0 * scale)
+        pid = tl.program_id(0)
+        n_tiles = tl.cdiv(M * (N // 16), BLOCKS)
+        step = tl.num_programs(0)
+        if WHAT == COMPUTE_L2:
+            g0, u0, g1, u1 = _nvfp4_loads(x_ptr, pid % 2, M, stride_xm, N, True, BLOCKS)
+        elif WHAT == NO_PREFETCH:
+            g0 = tl.zeros([BLOCKS, 4], tl.int32)
+            u0, g1, u1 = g0, g0, g0
+        else:
+            g0, u0, g1, u1 = _nvfp4_loads(x_ptr, pid, M, stride_xm, N, True, BLOCKS)
+        for tile in range(pid, n_tiles, step):
+            if WHAT == NO_PREFETCH:
+                g0, u0, g1, u1 = _nvfp4_loads(x_ptr, tile, M, stride_xm, N, True, BLOCKS)
+                next_g0, next_u0, next_g1, next_u1 = g0, u0, g1, u1
+            elif WHAT == COMPUTE_L2:
+                next_g0, next_u0, next_g1, next_u1 = g0 ^ tile, u0 ^ tile, g1 ^ tile, u1 ^ tile
+            else:
+                next_g0, next_u0, next_g1, next_u1 = _nvfp4_loads(x_ptr, tile + step, M, stride_xm, N, True, BLOCKS)
+            blk = tile * BLOCKS + tl.arange(0, BLOCKS)
+            bmask = blk < M * (N // 16)
+            if WHAT == MEMORY_ONLY:
+                words = tl.join(tl.sum(g0 ^ u0, 1), tl.sum(g1 ^ u1, 1))
+                tl.store(out_scale_ptr + blk, tl.sum(g0, 1).to(tl.uint8), mask=bmask)
+            else:
+                even0, odd0 = _pair_activation(g0, u0, True, 0, True, True)
+                even1, odd1 = _pair_activation(g1, u1, True, 0, True, True)
+                bamax = max_nan(max_nan(abs_max(even0, 1), abs_max(odd0, 1)),
+                                max_nan(abs_max(even1, 1), abs_max(odd1, 1)))
+                scode, denom, inv = _nvfp4_block_scales(bamax, scale, inv_s6, True)
+                tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
+                words = tl.join(_e2m1_word(even0, odd0, denom[:, None], inv[:, None], True, True),
+                                _e2m1_word(even1, odd1, denom[:, None], inv[:, None], True, True))
+                words = tl.where((bamax != bamax)[:, None], 0x77777777, words)
+            tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
+            g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1
+
+
+def launch(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, out_scale: torch.Tensor, what: int, blocks: int,
+           warps: int, programs_per_sm: int, sms: int) -> None:
+    """One launch of a variant on bf16 gate_up ``x`` [M, 2N] (global scale in the fast range, as calibrated)."""
+    m, n = x.shape[0], x.shape[1] // 2
+    words = x.view(torch.int32)
+    grid = min(triton.cdiv(m * (n // 16), blocks), programs_per_sm * sms)
+    _parts_kernel[(grid,)](words, out.view(torch.int32), scale, out_scale, m, words.stride(0), N=n, BLOCKS=blocks,
+                           WHAT=what, num_warps=warps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", nargs="+", default=["1024x6144", "1024x12288", "1024x18944", "4096x12288"],
+                    help="tokens x width")
+    ap.add_argument("--out", default="bench/results/silu_quant_parts_h200.json")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    scale = nx.nvfp4_global_scale(torch.tensor(12.0)).cuda()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    bw = copy_bandwidth()
+    rows = []
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "git": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+              "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
+              "copy_bandwidth_TBps": bw / 1e12, "rows": rows}
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
+    print(f"{'M':>5} {'N':>6} {'variant':12s} {'tile':>13} {'µs':>7} {'x floor':>7} {'bytes':>6}")
+    for shape in args.shapes:
+        m, n = map(int, shape.split("x"))
+        copies = max(1, min(64, -(-ROTATE_BYTES // (m * 4 * n))))
+        xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
+        want = silu_mul_quant_triton(xs[0], "nvfp4", scale)
+        floor = (m * 2 * n * 2 + m * n // 2 + m * n // 16) / bw * 1e6
+        out = torch.empty(m, n // 2, dtype=torch.uint8, device="cuda")
+        out_scale = torch.empty(m, n // 16, dtype=torch.uint8, device="cuda")
+        for name, blocks, warps, pps in RUNS:
+            what = VARIANTS.index(name)
+            out.zero_()
+            launch(xs[0], scale, out, out_scale, what, blocks, warps, pps, sms)
+            same = None
+            if name in ("full", "no_prefetch"):
+                same = bool(torch.equal(out, want[0].view(torch.uint8))
+                            and torch.equal(out_scale, want[1].view(torch.uint8)))
+            args_of = {"scale": scale, "out": out, "out_scale": out_scale, "what": what, "blocks": blocks,
+                       "warps": warps, "programs_per_sm": pps, "sms": sms}
+            us = time_calls([lambda x=x, a=args_of: launch(x, **a) for x in xs], 20 if m < 4096 else 5)
+            rows.append({"tokens": m, "width": n, "variant": name, "blocks": blocks, "num_warps": warps,
+                         "programs_per_sm": pps, "us": us, "floor_us": floor, "x_floor": us / floor,
+                         "same_bytes_as_kernel": same})
+            tile, check = f"{blocks}b/{warps}w/{pps}pps", "" if same is None else str(same)
+            print(f"{m:5d} {n:6d} {name:12s} {tile:>13} {us:7.2f} {us / floor:7.3f} {check:>6}")
+        del xs
+        save_json(result, args.out)
+    result["ok"] = all(r["same_bytes_as_kernel"] is not False for r in rows)
+    save_json(result, args.out)
+
+
+if __name__ == "__main__":
+    main()
