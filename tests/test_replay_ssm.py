@@ -291,6 +291,25 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.ocria.causal_conv_verify.default, conv)
 
 
+def test_ops_compile_whole_and_mutate_their_buffers_as_eager():
+    """torch.compile takes both ops without a graph break (fullgraph; their declared mutations are functionalized)
+    and the compiled call returns and writes what the eager call does; a tensor made from the output's traced shape
+    (what the fake implementation says) matches the real one."""
+    verify, conv = _small_case()
+    for op, args in ((torch.ops.ocria.replay_verify, verify), (torch.ops.ocria.causal_conv_verify, conv)):
+        torch._dynamo.reset()
+        eager, compiled = [t.clone() for t in args], [t.clone() for t in args]
+        want = op(*eager)
+
+        def f(*xs, op=op):
+            out = op(*xs)
+            return out, out.new_zeros(out.shape)
+
+        got, zeros = torch.compile(f, backend="aot_eager", fullgraph=True)(*compiled)
+        assert torch.equal(got, want) and zeros.shape == want.shape and zeros.dtype == want.dtype
+        assert all(torch.equal(c, e) for c, e in zip(compiled, eager, strict=True))
+
+
 def test_switch():
     assert kernel_enabled(torch.device("cuda")) is True
     assert kernel_enabled(torch.device("cpu")) is False
