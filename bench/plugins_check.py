@@ -46,8 +46,8 @@ from ocria.plugins.rms_norm.kernel import rms_norm_fp8_triton
 from ocria.plugins.rms_norm.op import fp8_reference
 from ocria.plugins.rms_norm.reference import gated_rms_norm_reference, rms_norm_reference
 from ocria.plugins.sigmoid_gate import sigmoid_gate, sigmoid_gate_reference
-from ocria.plugins.silu_quant import silu_mul_quant
-from ocria.plugins.silu_quant.reference import silu_mul_quant_reference
+from ocria.plugins.silu_quant import quantize_act, silu_mul_quant
+from ocria.plugins.silu_quant.reference import quantize_act_reference, silu_mul_quant_reference
 from ocria.plugins.switch import DISABLE_ENV
 
 
@@ -277,14 +277,21 @@ def check_silu_quant(dev: str) -> list[dict]:
     g = torch.Generator(dev).manual_seed(2)
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
     scale = torch.tensor(0.02, device=dev)
+    # bf16 gate_up in every mode; NVFP4 also from fp16 gate_up and from fp16 / fp32 activations without the silu
+    # (pair words of 32 and 64 bits: builds the bf16 path does not compile)
+    cases = [(silu_mul_quant, silu_mul_quant_reference, gate_up, mode, s)
+             for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale))]
+    cases += [(silu_mul_quant, silu_mul_quant_reference, gate_up.half(), "nvfp4", scale)]
+    cases += [(quantize_act, quantize_act_reference, gate_up[:, :6144].to(dt), "nvfp4", scale)
+              for dt in (torch.float16, torch.float32)]
     rows = []
-    for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale)):
-        out, scales = silu_mul_quant(gate_up, mode, s, use_kernel=True)
-        ref, ref_scales = silu_mul_quant_reference(gate_up, mode, s)
+    for op, reference, x, mode, s in cases:
+        out, scales = op(x, mode, s, use_kernel=True)
+        ref, ref_scales = reference(x, mode, s)
         bad = int((out.view(torch.uint8) != ref.view(torch.uint8)).sum())
         if scales is not None:
             bad += int((scales.contiguous().view(torch.uint8) != ref_scales.contiguous().view(torch.uint8)).sum())
-        rows.append({"kernel": f"silu_mul_quant {mode}", "dtype": "torch.bfloat16", "mismatched_bytes": bad,
+        rows.append({"kernel": f"{op.__name__} {mode}", "dtype": str(x.dtype), "mismatched_bytes": bad,
                      "tolerance": 0, "ok": bad == 0})
     return rows
 

@@ -278,12 +278,14 @@ def _nvfp4_loads(x_ptr, tile, M, stride_xm, N: tl.constexpr, GATED: tl.constexpr
 
 @triton.jit
 def _pair_elements(w, KIND: tl.constexpr):
-    """(even, odd) elements of pair words: bf16 as int16 bits (KIND 0), fp16 (1), fp32 (2, from int64 words)."""
+    """(even, odd) elements of pair words: bf16 as int16 bits (KIND 0), fp16 (1), fp32 (2, from int64 words).
+    One return: Triton's code generator checks every return it reaches, constexpr branches taken or not."""
     if KIND == 2:
-        return w.to(tl.int32).to(tl.float32, bitcast=True), (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
-    even, odd = w.to(tl.int16), (w >> 16).to(tl.int16)
-    if KIND == 1:
-        return even.to(tl.float16, bitcast=True), odd.to(tl.float16, bitcast=True)
+        even, odd = w.to(tl.int32).to(tl.float32, bitcast=True), (w >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    else:
+        even, odd = w.to(tl.int16), (w >> 16).to(tl.int16)
+        if KIND == 1:
+            even, odd = even.to(tl.float16, bitcast=True), odd.to(tl.float16, bitcast=True)
     return even, odd
 
 
