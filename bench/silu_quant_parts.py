@@ -26,11 +26,10 @@ import triton.language as tl
 from timing import copy_bandwidth, save_json, time_calls
 
 from ocria.plugins import numerics as nx
-from ocria.plugins.fp8_codes import abs_max, max_nan
 from ocria.plugins.silu_quant.kernel import (
-    _e2m1_word,
-    _nvfp4_block_scales,
     _nvfp4_loads,
+    _nvfp4_tile_scales,
+    _nvfp4_tile_words,
     _pair_activation,
     _rcp,
     silu_mul_quant_triton,
@@ -77,12 +76,9 @@ def _parts_kernel(x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.
             else:
                 even0, odd0 = _pair_activation(g0, u0, True, 0, True, True)
                 even1, odd1 = _pair_activation(g1, u1, True, 0, True, True)
-                bamax = max_nan(max_nan(abs_max(even0, 1), abs_max(odd0, 1)),
-                                max_nan(abs_max(even1, 1), abs_max(odd1, 1)))
-                scode, denom, inv = _nvfp4_block_scales(bamax, scale, inv_s6, True)
+                bamax, scode, denom, inv = _nvfp4_tile_scales(even0, odd0, even1, odd1, scale, inv_s6, True)
                 tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
-                words = tl.join(_e2m1_word(even0, odd0, denom[:, None], inv[:, None], True, True),
-                                _e2m1_word(even1, odd1, denom[:, None], inv[:, None], True, True))
+                words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, True, True)
                 words = tl.where((bamax != bamax)[:, None], 0x77777777, words)
             tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
             g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1

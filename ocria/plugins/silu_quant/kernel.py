@@ -302,6 +302,22 @@ def _pair_activation(g2, u2, GATED: tl.constexpr, KIND: tl.constexpr, ON_GPU: tl
 
 
 @triton.jit
+def _nvfp4_tile_scales(even0, odd0, even1, odd1, scale, inv_s6, ON_GPU: tl.constexpr):
+    """(amax [B], E4M3 scale codes [B], divisors [B, 1], their reciprocals [B, 1]) of a tile's blocks from the h
+    of their two halves (``_pair_activation``'s even and odd elements, [B, 4] each)."""
+    bamax = max_nan(max_nan(abs_max(even0, 1), abs_max(odd0, 1)), max_nan(abs_max(even1, 1), abs_max(odd1, 1)))
+    scode, denom, inv = _nvfp4_block_scales(bamax, scale, inv_s6, ON_GPU)
+    return bamax, scode, denom[:, None], inv[:, None]
+
+
+@triton.jit
+def _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU: tl.constexpr, NONZERO: tl.constexpr):
+    """[B, 2] int32: the packed E2M1 codes of each block's two halves (the caller overwrites NaN blocks)."""
+    return tl.join(_e2m1_word(even0, odd0, denom, inv, ON_GPU, NONZERO),
+                   _e2m1_word(even1, odd1, denom, inv, ON_GPU, NONZERO))
+
+
+@triton.jit
 def _nvfp4_kernel(
     x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.constexpr,
     GATED: tl.constexpr, KIND: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
@@ -331,19 +347,14 @@ def _nvfp4_kernel(
                                                           BLOCKS)
         even0, odd0 = _pair_activation(g0, u0, GATED, KIND, ON_GPU, FAST_SILU)
         even1, odd1 = _pair_activation(g1, u1, GATED, KIND, ON_GPU, FAST_SILU)
-        bamax = max_nan(max_nan(abs_max(even0, 1), abs_max(odd0, 1)), max_nan(abs_max(even1, 1), abs_max(odd1, 1)))
-        scode, denom, inv = _nvfp4_block_scales(bamax, scale, inv_s6, ON_GPU)
+        bamax, scode, denom, inv = _nvfp4_tile_scales(even0, odd0, even1, odd1, scale, inv_s6, ON_GPU)
         blk = tile * BLOCKS + tl.arange(0, BLOCKS)
         bmask = blk < M * (N // 16)
         tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
-        denom = denom[:, None]
-        inv = inv[:, None]
         if nonzero:
-            words = tl.join(_e2m1_word(even0, odd0, denom, inv, ON_GPU, True),
-                            _e2m1_word(even1, odd1, denom, inv, ON_GPU, True))
+            words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU, True)
         else:
-            words = tl.join(_e2m1_word(even0, odd0, denom, inv, ON_GPU, False),
-                            _e2m1_word(even1, odd1, denom, inv, ON_GPU, False))
+            words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU, False)
         words = tl.where((bamax != bamax)[:, None], 0x77777777, words)
         tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
         g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1
