@@ -26,6 +26,7 @@ import triton.language as tl
 from timing import copy_bandwidth, save_json, time_calls
 
 from ocria.plugins import numerics as nx
+from ocria.plugins.launch import sm_count
 from ocria.plugins.silu_quant.kernel import (
     _nvfp4_loads,
     _nvfp4_tile_scales,
@@ -85,11 +86,11 @@ def _parts_kernel(x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.
 
 
 def launch(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, out_scale: torch.Tensor, what: int, blocks: int,
-           warps: int, programs_per_sm: int, sms: int) -> None:
+           warps: int, programs_per_sm: int) -> None:
     """One launch of a variant on bf16 gate_up ``x`` [M, 2N] (global scale in the fast range, as calibrated)."""
     m, n = x.shape[0], x.shape[1] // 2
     words = x.view(torch.int32)
-    grid = min(triton.cdiv(m * (n // 16), blocks), programs_per_sm * sms)
+    grid = min(triton.cdiv(m * (n // 16), blocks), programs_per_sm * sm_count(x.device))
     _parts_kernel[(grid,)](words, out.view(torch.int32), scale, out_scale, m, words.stride(0), N=n, BLOCKS=blocks,
                            WHAT=what, num_warps=warps)
 
@@ -102,7 +103,6 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     scale = nx.nvfp4_global_scale(torch.tensor(12.0)).cuda()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     bw = copy_bandwidth()
     rows = []
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -123,13 +123,13 @@ def main() -> None:
         for name, blocks, warps, pps in RUNS:
             what = VARIANTS.index(name)
             out.zero_()
-            launch(xs[0], scale, out, out_scale, what, blocks, warps, pps, sms)
+            launch(xs[0], scale, out, out_scale, what, blocks, warps, pps)
             same = None
             if name in ("full", "no_prefetch"):
                 same = bool(torch.equal(out, want[0].view(torch.uint8))
                             and torch.equal(out_scale, want[1].view(torch.uint8)))
             args_of = {"scale": scale, "out": out, "out_scale": out_scale, "what": what, "blocks": blocks,
-                       "warps": warps, "programs_per_sm": pps, "sms": sms}
+                       "warps": warps, "programs_per_sm": pps}
             us = time_calls([lambda x=x, a=args_of: launch(x, **a) for x in xs], 20 if m < 4096 else 5)
             rows.append({"tokens": m, "width": n, "variant": name, "blocks": blocks, "num_warps": warps,
                          "programs_per_sm": pps, "us": us, "floor_us": floor, "x_floor": us / floor,
