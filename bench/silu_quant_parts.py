@@ -95,12 +95,26 @@ def launch(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, out_scale: t
                            WHAT=what, num_warps=warps)
 
 
+def shape_arg(text: str) -> tuple[int, int]:
+    """``TOKENSxWIDTH`` (e.g. 1024x6144), the width a multiple of 16 (NVFP4 blocks)."""
+    try:
+        m, n = (int(v) for v in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKENSxWIDTH such as 1024x6144, got {text!r}") from None
+    if m < 1 or n < 16 or n % 16:
+        raise argparse.ArgumentTypeError(f"tokens >= 1 and a width that is a multiple of 16, got {text!r}")
+    return m, n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", nargs="+", default=["1024x6144", "1024x12288", "1024x18944", "4096x12288"],
+    ap.add_argument("--shapes", nargs="+", type=shape_arg,
+                    default=[(1024, 6144), (1024, 12288), (1024, 18944), (4096, 12288)],
                     help="tokens x width")
     ap.add_argument("--out", default="bench/results/silu_quant_parts_h200.json")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU: the variants run the kernel's GPU code (inline PTX), which has no CPU form")
     torch.manual_seed(0)
     scale = nx.nvfp4_global_scale(torch.tensor(12.0)).cuda()
     bw = copy_bandwidth()
@@ -112,8 +126,7 @@ def main() -> None:
               "copy_bandwidth_TBps": bw / 1e12, "rows": rows}
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
     print(f"{'M':>5} {'N':>6} {'variant':12s} {'tile':>13} {'µs':>7} {'x floor':>7} {'bytes':>6}")
-    for shape in args.shapes:
-        m, n = map(int, shape.split("x"))
+    for m, n in args.shapes:
         copies = max(1, min(64, -(-ROTATE_BYTES // (m * 4 * n))))
         xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
         want = silu_mul_quant_triton(xs[0], "nvfp4", scale)
