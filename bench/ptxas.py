@@ -15,7 +15,6 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from triton.experimental.gluon._runtime import GluonASTSource
 
 BIN_DIR = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
@@ -32,15 +31,14 @@ def ptxas() -> str:
 
 def compile_sm90(kernel, types: dict, consts: dict, num_warps: int, num_stages: int = 3,
                  divisible_by_16: tuple[str, ...] = (), maxnreg: int | None = None) -> dict:
-    """``kernel`` (Triton or Gluon) with runtime argument types ``types`` (e.g. ``"*bf16"``, ``"i32"``) and
-    constexprs ``consts``: its PTX, SASS, registers per thread, spill bytes, shared memory and SASS opcode counts.
-    ``divisible_by_16`` names the arguments a real launch would specialize as multiples of 16 (aligned pointers,
-    sizes, strides): without that the loads compile unvectorized, unlike the kernel that runs."""
+    """``kernel`` with runtime argument types ``types`` (e.g. ``"*bf16"``, ``"i32"``) and constexprs ``consts``:
+    its PTX, SASS, registers per thread, spill bytes, shared memory and SASS opcode counts. ``divisible_by_16``
+    names the arguments a real launch would specialize as multiples of 16 (aligned pointers, sizes, strides):
+    without that the loads compile unvectorized, unlike the kernel that runs."""
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types[n] for n in names}
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible_by_16}
-    source = GluonASTSource if getattr(kernel, "is_gluon", lambda: False)() else ASTSource  # Gluon: explicit layouts
-    src = source(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()},
                     attrs=attrs)
     options = dict(num_warps=num_warps, num_stages=num_stages, **({"maxnreg": maxnreg} if maxnreg else {}))
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)

@@ -48,7 +48,7 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
-from ocria.plugins.launch import capability, pdl_args, pdl_capable, pdl_enter
+from ocria.plugins.launch import pdl_args, pdl_capable, pdl_enter
 from ocria.plugins.switch import batch_invariant
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
@@ -73,11 +73,6 @@ INVARIANT_WARPS = 1
 # T > 1 on Hopper: the verify kernel is launched with PDL beside _chunk_prep_kernel, which lets it start at once; its
 # programs load and fold their state while the prep runs and wait for the prep only before they read its output.
 OVERLAP_PREP = True
-# T > 1 on Hopper (sm_90) with tf32 products: the Gluon verify kernel (wgmma.py), whose state tile is loaded, folded
-# and stored in the wgmma accumulator layout instead of going blocked -> mma -> blocked through shared memory.
-WGMMA_VERIFY = True
-WGMMA_BLOCK_V = 64  # one warpgroup's wgmma rows
-WGMMA_PERSISTENT = 0  # programs per SM of the persistent variant; 0: one program per tile
 
 
 @triton.jit
@@ -459,15 +454,6 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
     return BLOCK_V_CHOICES[-1], 4, None
 
 
-def _wgmma_verify(device: torch.device, T: int, precision: str, BV: int, num_warps: int, Dk: int, Dv: int,
-                  TP: int) -> bool:
-    """Whether a verify launch takes the Gluon kernel: ``WGMMA_VERIFY``, a chunk (T > 1) with tf32 products on an
-    sm_90 GPU (wgmma is Hopper's alone), one warpgroup over 64-column tiles, and head sizes its layouts cover."""
-    return (WGMMA_VERIFY and T > 1 and precision == "tf32" and BV == WGMMA_BLOCK_V and num_warps == 4
-            and device.type == "cuda" and capability(device.index) == (9, 0)
-            and Dk in (64, 128, 256) and Dv % WGMMA_BLOCK_V == 0 and TP <= 32)  # fmt: skip
-
-
 def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
@@ -525,23 +511,6 @@ def replay_verify_kernel(
             HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap,
             **pdl_args(v.device),
         )  # fmt: skip
-    if _wgmma_verify(v.device, T, precision, BV, num_warps, Dk, Dv, TP):
-        from ocria.plugins.replay_ssm.wgmma import _replay_verify_persistent_kernel, _replay_verify_wgmma_kernel
-
-        if WGMMA_PERSISTENT:
-            grid = (min(Dv // BV * Hv * B, WGMMA_PERSISTENT * _sm_count(v.device)),)
-            _replay_verify_persistent_kernel[grid](
-                q, v, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids, mats, q_scale, o,
-                B, T, Tmax, sq, sv, HK=Hk, HV=Hv, DK=Dk, DV=Dv, BV=BV, TP=TP, OVERLAP=overlap, num_warps=num_warps,
-                **pdl_args(v.device, overlap), **({"maxnreg": max_registers} if max_registers else {}),
-            )  # fmt: skip
-            return o
-        _replay_verify_wgmma_kernel[(Dv // BV, Hv, B)](
-            q, v, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids, mats, q_scale, o,
-            T, Tmax, sq, sv, HK=Hk, HV=Hv, DK=Dk, DV=Dv, BV=BV, TP=TP, OVERLAP=overlap, num_warps=num_warps,
-            **pdl_args(v.device, overlap), **({"maxnreg": max_registers} if max_registers else {}),
-        )  # fmt: skip
-        return o
     _replay_verify_kernel[(triton.cdiv(Dv, BV), Hv, B)](
         q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
         mats, q_scale, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
