@@ -273,6 +273,19 @@ def check_sigmoid_gate(dev: str) -> dict:
     return {"kernel": "sigmoid_gate", "dtype": "torch.bfloat16", "max_ulps": ulps, "tolerance": 1, "ok": ulps <= 1}
 
 
+def _silu_inputs(dev: str, g: torch.Generator) -> list[torch.Tensor]:
+    """gate_up [rows, 2 x 512]: fp16 gates of every bit pattern against two sets of up values (unit and wide), and
+    fp32 gates and ups over [-100, 100] with inf, NaN, +-0, exp's overflow edge and subnormals among the gates."""
+    every = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.float16).reshape(-1, 512).to(dev)
+    ups = [torch.randn(every.shape, generator=g, device=dev).half() * s for s in (1.0, 300.0)]
+    gate32 = torch.randn(256, 512, generator=g, device=dev) * 30
+    specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 88.7, -88.7, 103.9, -103.9, 1e-40,
+                             -1e-40, 1e-45], device=dev)  # fmt: skip
+    gate32[0, : specials.numel()] = specials
+    up32 = torch.randn(256, 512, generator=g, device=dev) * 10
+    return [torch.cat([every, up], -1) for up in ups] + [torch.cat([gate32, up32], -1)]
+
+
 def check_silu_quant(dev: str) -> list[dict]:
     g = torch.Generator(dev).manual_seed(2)
     gate_up = (torch.randn(37, 2 * 6144, generator=g, device=dev) * 3).to(torch.bfloat16)
@@ -284,6 +297,10 @@ def check_silu_quant(dev: str) -> list[dict]:
     cases += [(silu_mul_quant, silu_mul_quant_reference, gate_up.half(), "nvfp4", scale)]
     cases += [(quantize_act, quantize_act_reference, gate_up[:, :6144].to(dt), "nvfp4", scale)
               for dt in (torch.float16, torch.float32)]
+    # fp16 gate_up with every fp16 gate value (NaN, inf and subnormals included), fp32 with wide random values and
+    # specials, in every mode: the exp these take on the GPU must be PyTorch's
+    cases += [(silu_mul_quant, silu_mul_quant_reference, x, mode, s) for x in _silu_inputs(dev, g)
+              for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale))]
     rows = []
     for op, reference, x, mode, s in cases:
         out, scales = op(x, mode, s, use_kernel=True)

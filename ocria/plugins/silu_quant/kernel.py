@@ -10,7 +10,9 @@ On the GPU the quantized modes are compute-bound (instruction issue, and the qua
   elements of a pair rounded by one ``cvt.rn.bf16x2.f32`` and multiplied by ``mul.rn.bf16x2`` (``_SILU_MUL_BF16X2``).
   Not IEEE, but with 65536 bf16 inputs the check is complete: bench/silu_quant.py gets PyTorch's bf16 for every
   gate value and every up value on the H200 (it times the IEEE silu if not). 47 -> 17 SASS instructions per element
-  in bf16 mode (bench/results/silu_quant_sass.json);
+  in bf16 mode (bench/results/silu_quant_sass.json). fp16 and fp32 inputs, for which no such check is complete,
+  take libdevice's ``expf`` (PyTorch's) and an IEEE division whatever ``fast_silu`` says: an approximate exp there
+  missed PyTorch's bytes (bench/results/silu_quant_dtypes_h200.json);
 - quotients by a scale (NVFP4 block scales; FP8 scales in [2^-64, 2^119]): a multiply by the correctly rounded
   reciprocal plus one FMA correction (exact by Markstein's theorem);
 - E4M3 bytes: PTX's single-rounding ``cvt.rn.satfinite.e4m3x2.f32`` of |h| / scale, the sign put back from h's bits
@@ -186,11 +188,8 @@ def _activation_of(g, u, GATED: tl.constexpr, IS_BF16: tl.constexpr, ON_GPU: tl.
             return _silu_mul_bf16x2(g, u)
         g = widen(g, IS_BF16)
         u = widen(u, IS_BF16)
-        if ON_GPU:  # libdevice expf is what PyTorch's CUDA silu calls
-            if FAST_SILU:
-                e = libdevice.fast_expf(-g)
-            else:
-                e = libdevice.exp(-g)
+        if ON_GPU:  # libdevice expf is what PyTorch's CUDA exp calls; the approximate silu is proven for bf16 only
+            e = libdevice.exp(-g)
         else:
             e = tl.exp(-g)
         s = round_to_dtype(tl.math.div_rn(g, 1.0 + e), IS_BF16, ON_GPU, DT)
