@@ -292,15 +292,14 @@ def check_silu_quant(dev: str) -> list[dict]:
     scale = torch.tensor(0.02, device=dev)
     # bf16 gate_up in every mode; NVFP4 also from fp16 gate_up and from fp16 / fp32 activations without the silu
     # (pair words of 32 and 64 bits: builds the bf16 path does not compile)
-    cases = [(silu_mul_quant, silu_mul_quant_reference, gate_up, mode, s)
-             for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale))]
+    modes = (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale))
+    cases = [(silu_mul_quant, silu_mul_quant_reference, gate_up, mode, s) for mode, s in modes]
     cases += [(silu_mul_quant, silu_mul_quant_reference, gate_up.half(), "nvfp4", scale)]
     cases += [(quantize_act, quantize_act_reference, gate_up[:, :6144].to(dt), "nvfp4", scale)
               for dt in (torch.float16, torch.float32)]
     # fp16 gate_up with every fp16 gate value (NaN, inf and subnormals included), fp32 with wide random values and
     # specials, in every mode: the exp these take on the GPU must be PyTorch's
-    cases += [(silu_mul_quant, silu_mul_quant_reference, x, mode, s) for x in _silu_inputs(dev, g)
-              for mode, s in (("bf16", None), ("fp8_static", scale), ("fp8_dynamic", None), ("nvfp4", scale))]
+    cases += [(silu_mul_quant, silu_mul_quant_reference, x, mode, s) for x in _silu_inputs(dev, g) for mode, s in modes]
     rows = []
     for op, reference, x, mode, s in cases:
         out, scales = op(x, mode, s, use_kernel=True)

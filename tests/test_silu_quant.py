@@ -156,6 +156,20 @@ def test_fp8_dynamic_row_tiles_one_pass_matches_reference(n, warps, elems):
     _assert_same(quantize_act_triton(x, "fp8_dynamic", None, cfg), quantize_act_reference(x, "fp8_dynamic", None))
 
 
+@pytest.mark.parametrize("programs_per_sm", [0, 2], ids=["one_program_per_tile", "programs_walk_tiles"])
+def test_nvfp4_tiles_across_rows_match_reference(programs_per_sm):
+    """NVFP4 tiles of 4 blocks across row ends (N = 48: three blocks a row; 39 blocks, so the last tile's lanes past
+    the end reload the last block), with the interpreter's one SM running two programs that walk 5 tiles each (the
+    next tile's loads before this one's codes), or one program a tile."""
+    cfg = {"blocks": 4, "num_warps": 1, "programs_per_sm": programs_per_sm, "fast_silu": False}
+    torch.manual_seed(5)
+    gate_up = (torch.randn(13, 2 * 48) * 3).to(torch.bfloat16)
+    gate_up[4, 20] = float("nan")
+    gate_up[7, :16] = 0.0
+    scale = SCALES["nvfp4"]
+    _assert_same(silu_mul_quant_triton(gate_up, "nvfp4", scale, cfg), silu_mul_quant_reference(gate_up, "nvfp4", scale))
+
+
 def test_row_tiles_config_only_for_per_token_fp8():
     with pytest.raises(ValueError, match="row_tiles"):
         silu_mul_quant_triton(torch.zeros(2, 64, dtype=torch.bfloat16), "fp8_static", torch.tensor([0.1]),
@@ -229,14 +243,20 @@ for kind, words in ((0, "*i32"), (1, "*i32"), (2, "*i64")):
 """
 
 
+def _run_without_interpreter(script: str) -> str:
+    """``script``'s stdout, run in a process where Triton compiles for real (this one interprets); fails the test
+    with its stderr if it fails."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[1], env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
 def test_nvfp4_kernel_compiles_for_hopper_from_every_input_dtype():
     """The interpreter runs the kernel as Python, so it cannot see what only Triton's code generator rejects (fp16
-    and fp32 inputs once failed there: two returns of different types in one helper). Compiled in a process
-    without the interpreter."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_NVFP4_FOR_HOPPER], cwd=Path(__file__).parents[1], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
+    and fp32 inputs once failed there: two returns of different types in one helper)."""
+    _run_without_interpreter(_COMPILE_NVFP4_FOR_HOPPER)
 
 
 _COMPILE_SILU_FAST_AND_IEEE = """
@@ -259,11 +279,8 @@ def test_approximate_silu_is_built_for_bf16_inputs_only():
     """The approximate silu is proven against PyTorch for every bf16 value only (bench/silu_quant.py); fp16 and fp32
     inputs once took an approximate exp too and missed PyTorch's bytes on the H200 (bench/results/
     silu_quant_dtypes_h200.json). For them ``fast_silu`` must build the same code as the IEEE silu."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_SILU_FAST_AND_IEEE], cwd=Path(__file__).parents[1], env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.split() == ["i16", "False", "fp16", "True", "fp32", "True"]
+    assert _run_without_interpreter(_COMPILE_SILU_FAST_AND_IEEE).split() == ["i16", "False", "fp16", "True", "fp32",
+                                                                            "True"]
 
 
 def test_bad_arguments_are_rejected():
