@@ -13,12 +13,18 @@ import re
 from ptxas import compile_report, compile_sm90
 from timing import save_json
 
-from ocria.plugins.replay_ssm.kernel import PREFETCH_MAX_BLOCK_V, _chunk_prep_kernel, _replay_verify_kernel
+from ocria.plugins.replay_ssm.kernel import (
+    KEY_CHUNK,
+    PREFETCH_MAX_BLOCK_V,
+    _chunk_prep_kernel,
+    _verify_block_kernel,
+    _verify_one_kernel,
+)
 
 _TYPES = dict(
     q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", a_ptr="*bf16", b_ptr="*bf16", A_log_ptr="*fp32",
     dt_bias_ptr="*fp32", state_ptr="*fp32", ring_k_ptr="*fp32", ring_u_ptr="*fp32", ring_g_ptr="*fp32",
-    ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", mats_ptr="*fp32", q_scale_ptr="*fp32", o_ptr="*bf16",
+    ring_phase_ptr="*i32", pending_ptr="*i32", slot_ptr="*i32", mats_ptr="*fp32", o_ptr="*bf16",
     T="i32", Tmax="i32", scale="fp32", eps="fp32", sq="i32", sk="i32", sv="i32", sa="i32", sb="i32",
 )  # fmt: skip
 # What a launch specializes (16-byte aligned pointers, row strides of the fused projections multiples of 16):
@@ -27,11 +33,16 @@ DIVISIBLE_BY_16 = tuple(n for n, t in _TYPES.items() if t.startswith("*")) + ("s
 
 
 def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
+    """T = 1: the one-token kernel; T > 1: the block kernel with ``KEY_CHUNK`` keys per chunk and 3 stages, as a
+    deep grid launches it on Hopper (beside the prep kernel; 16-column tiles launch the whole tile instead)."""
     Hk, Hv, D = heads
-    consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, TP=16, PREC=precision,
-                  ONE_TOKEN=one_token, PREFETCH=one_token and block_v <= PREFETCH_MAX_BLOCK_V, PDL=False,
-                  OVERLAP=not one_token)  # as launched on Hopper: T > 1 beside the prep kernel
-    out = compile_sm90(_replay_verify_kernel, _TYPES, consts, num_warps, divisible_by_16=DIVISIBLE_BY_16)
+    consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, TP=16, PREC=precision, PDL=False)
+    if one_token:
+        kernel, consts = _verify_one_kernel, dict(consts, PREFETCH=block_v <= PREFETCH_MAX_BLOCK_V)
+    else:
+        kernel, consts = _verify_block_kernel, dict(consts, BKC=KEY_CHUNK, STAGES=3, OVERLAP=True)
+    aligned = tuple(n for n in DIVISIBLE_BY_16 if n in kernel.arg_names)
+    out = compile_sm90(kernel, _TYPES, consts, num_warps, divisible_by_16=aligned)
     ptx = out["ptx"]
     tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
     return dict(

@@ -23,7 +23,7 @@ from ocria.plugins.switch import batch_invariant_rows
 
 if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
-from ocria.plugins.replay_ssm.kernel import launch_config, replay_verify_kernel, token_rows  # noqa: E402
+from ocria.plugins.replay_ssm.kernel import key_chunking, launch_config, replay_verify_kernel, token_rows  # noqa: E402
 
 
 def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
@@ -40,12 +40,12 @@ def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
     return S, torch.einsum("hkv,hk->hv", S, q)
 
 
-def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=None, ts=None, block_v=None,
+def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=None, ts=None, launch=None,
          pending_seen=None):  # fmt: skip
     """Drive the plugin through `steps` verify/accept rounds; yield (name, got, expected) pairs.
 
     shape (Hk, Hv, Dk, Dv, Tmax) and ts (T of each step) fix what is otherwise drawn at random;
-    block_v launches the Triton kernel with that column tile; pending_seen collects (T, pending count)
+    launch: keyword arguments of a direct Triton launch (tile, key chunk); pending_seen collects (T, pending count)
     of every sequence at every step."""
     gen = torch.Generator().manual_seed(seed)
 
@@ -96,10 +96,10 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=
                        pending_len, slot_ids)  # fmt: skip
         if pending_seen is not None:
             pending_seen.extend((T, int(n)) for n in pending_len[slot_ids])
-        if block_v is None:
+        if launch is None:
             o = replay_verify(*verify_args, use_kernel=use_kernel)
         else:
-            o = replay_verify_kernel(*verify_args, block_v=block_v)
+            o = replay_verify_kernel(*verify_args, **launch)
 
         accepted = randint(0, T + 1, (B,))
         for row, i in enumerate(members.tolist()):
@@ -200,13 +200,37 @@ def test_narrow_column_tiles_match_float64_recurrence(block_v, dtype):
     out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     seen = []
     ts = [1, 6, 1, 5, 1, 1, 4]
-    for name, got, want in _run(True, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts, block_v=block_v,
-                                pending_seen=seen):  # fmt: skip
+    for name, got, want in _run(True, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts,
+                                launch=dict(block_v=block_v), pending_seen=seen):  # fmt: skip
         tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
     for one_token in (True, False):
         counts = {min(n, 2) for T, n in seen if (T == 1) == one_token}
         assert counts == {0, 1, 2}, f"T{'=' if one_token else '>'}1 steps saw pending counts {counts}"
+
+
+@pytest.mark.parametrize("key_chunk,stages,Dk", [(16, 2, 24), (16, 3, 48), (32, 1, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_block_kernel_key_chunks_match_float64_recurrence(key_chunk, stages, Dk, dtype):
+    """T > 1 steps stream the state in key chunks: several chunks, a last chunk cut by Dk (24 of 32) or wholly
+    past it (48 of 64), and one chunk for the whole tile, each with and without the pipeliner's stages."""
+    out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    seen = []
+    ts = [5, 3, 8, 1, 6]
+    launch = dict(block_v=16, key_chunk=key_chunk, stages=stages)
+    for name, got, want in _run(True, dtype, 7, steps=len(ts), shape=(1, 2, Dk, 32, 8), ts=ts, launch=launch,
+                                pending_seen=seen):  # fmt: skip
+        tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
+    assert {min(n, 2) for T, n in seen if T > 1} >= {0, 2}  # nothing pending, and a rank-n fold
+
+
+def test_key_chunking_streams_deep_grids_and_keeps_narrow_tiles_whole():
+    """Key chunks of 32 from 16-column tiles up (3 stages once every SM has 8 programs, 2 before), the whole tile
+    for 16-column tiles (the smallest grids, where one program's latency is the step's)."""
+    tiles = {B: launch_config(B, 32, 128, 132)[0] for B in (1, 4, 8, 32)}
+    picks = {B: key_chunking(B * 32 * 128 // bv, 132, bv, 128) for B, bv in tiles.items()}
+    assert picks == {1: (128, 1), 4: (32, 2), 8: (32, 2), 32: (32, 3)}
 
 
 def test_launch_config_fills_the_gpu_at_small_batch():

@@ -22,11 +22,17 @@ first, in ``_chunk_prep_kernel``, once per (value head, batch row): inside the s
 repeated per column tile and held registers through the state's products. The inverse is the series
 (I - A)(I + A^2)(I + A^4)... of tensor-core products, not a row-by-row substitution.
 
-A chunk of one token needs none of that: at most one pending token (a runtime branch on the slot's
-count) is folded as a plain rank-1 write, a single new token (T = 1, a compile-time branch: plain
-decoding) is verified with two row reductions of the state, and a slot with nothing pending skips the
-state write. ``launch_config`` narrows the column tile for small batches so the grid still covers
-the SMs, and caps registers when the grid is deep.
+``_verify_block_kernel`` (T > 1) streams its state tile in key chunks: the fold and both state products
+(S K^T, S Q^T) are sums over the key axis, so each [BV, KEY_CHUNK] chunk is read, folded, written back and
+multiplied with the same chunk of the new tokens' raw keys and queries (their L2-norms summed alongside and
+applied after the loop). A program then holds one chunk, not the tile (96 against ~220 registers), and the
+pipeliner keeps the next chunks' loads in flight. Nothing before the loop's end reads the prep kernel's output,
+so on Hopper the block kernel is launched with PDL beside it and waits for it only after the loop.
+
+``_verify_one_kernel`` (T = 1, plain decoding) keeps the whole tile: at most one pending token (a runtime
+branch on the slot's count) is folded as a plain rank-1 write, the new token is verified with two row
+reductions of the state, and a slot with nothing pending skips the state write. ``launch_config`` narrows the
+column tile for small batches so the grid still covers the SMs, and caps registers when the grid is deep.
 
 In a batch-invariant step (``ocria.plugins.switch.batch_invariant``) ``_replay_sequential_kernel`` runs instead:
 pending tokens folded and new tokens verified one at a time, with the one-token code above, in one binary for
@@ -35,7 +41,7 @@ then the same bits whether it was verified in a block or decoded alone, which th
 
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
 writes what another one reads; each shared k/g entry has one writer (T = 1: the tile-0 program; T > 1:
-the prep kernel, which the verify kernel runs after).
+the prep kernel, whose output the block kernel reads only after waiting for it).
 """
 
 import math
@@ -70,8 +76,8 @@ PREP_WARPS = 2
 # (bench/results/invariance_replay_tiles_h200.json).
 INVARIANT_BLOCK_V = 16
 INVARIANT_WARPS = 1
-# T > 1 on Hopper: the verify kernel is launched with PDL beside _chunk_prep_kernel, which lets it start at once; its
-# programs load and fold their state while the prep runs and wait for the prep only before they read its output.
+# T > 1 on Hopper: the block kernel is launched with PDL beside _chunk_prep_kernel, which lets it start at once; its
+# programs stream and fold their state while the prep runs and wait for the prep only before they read its output.
 OVERLAP_PREP = True
 
 
@@ -112,17 +118,21 @@ def _tril_inverse(kk, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _fold_chunk(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rt, rk, rv, mk, mv, HK: tl.constexpr,
-                HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
-    """St [BV, BK] with the n pending tokens at ring rows ``tok`` applied: one rank-n product, since the
-    ring holds their writes u (computed by the step that parked them, from this very state)."""
+def _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV: tl.constexpr, DV: tl.constexpr):
+    """What folding the n pending tokens at ring rows ``tok`` needs besides their keys: the total log-decay, each
+    token's key weight exp(g_tot - G_t) and their writes U^T [BV, TP] (parked by the step that verified them,
+    from this very state, so the fold is one rank-n product with no Gram matrix or inverse)."""
     mp = rt < n
     gp = tl.load(ring_g_ptr + tok * HV + i_h, mask=mp, other=0.0)
-    gcp = tl.cumsum(gp, 0)
     g_tot = tl.sum(gp, 0)
-    Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :], other=0.0)
     UpT = tl.load(ring_u_ptr + (tok[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mp[None, :], other=0.0)
-    return tl.dot(UpT, Kp * tl.exp(g_tot - gcp)[:, None], St * tl.exp(g_tot), input_precision=PREC)
+    return g_tot, tl.exp(g_tot - tl.cumsum(gp, 0)), UpT
+
+
+@triton.jit
+def _fold(St, UpT, Kp, wp, g_tot, PREC: tl.constexpr):
+    """exp(g_tot) St + U^T (Kp * w): the pending tokens applied to the state tile (or a key chunk of it)."""
+    return tl.dot(UpT, Kp * wp[:, None], St * tl.exp(g_tot), input_precision=PREC)
 
 
 @triton.jit
@@ -225,18 +235,69 @@ def _replay_sequential_kernel(
 
 
 @triton.jit
+def _verify_one_kernel(
+    q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
+    state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
+    o_ptr, Tmax, scale, eps, sq, sk, sv, sa, sb,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr, PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """T = 1 (plain decoding) on one [BV, Dk] state tile: the pending tokens folded (one product, or a rank-1 write
+    for at most one), the tile written back once, then the new token's delta step as two row reductions of it."""
+    pdl_enter(PDL)
+    i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    hk = i_h // (HV // HK)
+    rt = tl.arange(0, TP)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < DK, rv < DV
+    ms = mv[:, None] & mk[None, :]
+    if PREFETCH:  # the new token's inputs do not depend on the slot: their loads go out first
+        k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
+                                             rk, rv, mk, mv, DK, DV)  # fmt: skip
+
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
+    n = tl.load(pending_ptr + slot)
+    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
+    St = tl.load(s_ptrs, mask=ms, other=0.0)
+    tok = (slot * 2 + phase) * Tmax
+    if n > 1:
+        g_tot, wp, UpT = _pending_writes(ring_u_ptr, ring_g_ptr, tok + rt, n, i_h, rt, rv, mv, HV, DV)
+        Kp = tl.load(ring_k_ptr + ((tok + rt[:, None]) * HK + hk) * DK + rk[None, :],
+                     mask=(rt < n)[:, None] & mk[None, :], other=0.0)  # fmt: skip
+        St = _fold(St, UpT, Kp, wp, g_tot, PREC)
+    else:
+        St = _fold_one(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
+    tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
+
+    if not PREFETCH:
+        k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
+                                             rk, rv, mk, mv, DK, DV)  # fmt: skip
+    A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
+    Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log, dt_bias, scale, eps)
+    park = (slot * 2 + 1 - phase) * Tmax
+    tl.store(o_ptr + (i_b * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
+    tl.store(ring_u_ptr + (park * HV + i_h) * DV + rv, u, mask=mv)
+    if i_v == 0:
+        tl.store(ring_g_ptr + park * HV + i_h, g)
+        if i_h % (HV // HK) == 0:
+            tl.store(ring_k_ptr + (park * HK + hk) * DK + rk, Kn, mask=mk)
+
+
+@triton.jit
 def _chunk_prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr, slot_ptr,
-    mats_ptr, q_scale_ptr, T, Tmax, scale, eps, sq, sk, sa, sb,
+    mats_ptr, T, Tmax, scale, eps, sq, sk, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
     PREC: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
-    """The state-independent T x T work of a verify chunk, once per (value head, batch row) instead of in
-    every state tile: L2-norms, gates, the triangular inverse and the decayed scores. Writes the log-decays
-    to the ring (park half), and per value head ``mats`` [B, Hv, 2, TP, TP]: (I + A)^-1 with column j
-    scaled by beta_j, and the causal decayed scores P_ij = exp(G_i - G_j) q_i.k_j (j <= i). The first value
-    head of each key head also parks the normalised keys and writes each row's query scale to ``q_scale``
-    [B, T, Hk]. With OVERLAP the verify launch after it may start at once: it folds its state first."""
+    """The state-independent T x T work of a verify block, once per (value head, batch row): L2-norms, gates, the
+    triangular inverse and the decayed scores. Writes the log-decays to the ring (park half), and per value head
+    ``mats`` [B, Hv, 2, TP, TP]: (I + A)^-1 with column j scaled by beta_j, and the causal decayed scores
+    P_ij = exp(G_i - G_j) q_i.k_j (j <= i). The first value head of each key head also parks the normalised keys.
+    With OVERLAP the block kernel after it may start at once: it streams and folds its state first."""
     pdl_enter(PDL, OVERLAP)
     i_h, i_b = tl.program_id(0), tl.program_id(1)
     hk = i_h // (HV // HK)
@@ -248,7 +309,7 @@ def _chunk_prep_kernel(
     Kn = tl.load(k_ptr + row[:, None] * sk + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
     Kn = Kn * tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)[:, None]
     Q = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-    rn_q = tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale
+    Q = Q * (tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale)[:, None]
     a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
     A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
@@ -257,7 +318,7 @@ def _chunk_prep_kernel(
     gc = tl.cumsum(g, 0)
     inv = _tril_inverse(tl.dot(Kn, tl.trans(Kn), input_precision=PREC), gc, beta, TP, PREC)
     causal = rt[:, None] >= rt[None, :]
-    qk = tl.dot(Q * rn_q[:, None], tl.trans(Kn), input_precision=PREC)
+    qk = tl.dot(Q, tl.trans(Kn), input_precision=PREC)
     P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
 
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
@@ -269,88 +330,77 @@ def _chunk_prep_kernel(
     tl.store(base + TP * TP + mat, P)
     if i_h % (HV // HK) == 0:
         tl.store(ring_k_ptr + (park[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
-        tl.store(q_scale_ptr + row * HK + hk, rn_q, mask=mt)
 
 
 @triton.jit
-def _replay_verify_kernel(
+def _verify_block_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr,
     state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr,
-    mats_ptr, q_scale_ptr, o_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
-    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, TP: tl.constexpr, PREC: tl.constexpr,
-    ONE_TOKEN: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr,
+    o_ptr, mats_ptr, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
+    HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    TP: tl.constexpr, PREC: tl.constexpr, BKC: tl.constexpr, STAGES: tl.constexpr, PDL: tl.constexpr,
+    OVERLAP: tl.constexpr,
 ):  # fmt: skip
+    """T > 1 new tokens on one [BV, Dk] state tile, streamed in [BV, BKC] key chunks: each chunk is read, folded,
+    written back and multiplied with the chunk of [K; Q] (the new tokens' raw keys and queries, normalised after
+    the loop), so a program holds one chunk, not the tile, and the pipeliner keeps the next chunks in flight.
+    Nothing before the loop's end reads what ``_chunk_prep_kernel`` writes, so with OVERLAP it runs beside it."""
     if not OVERLAP:
         pdl_enter(PDL)
     i_v, i_h, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = i_h // (HV // HK)
     rt = tl.arange(0, TP)
-    rk = tl.arange(0, BK)
+    rc = tl.arange(0, BKC)
     rv = i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < DK, rv < DV
-    ms = mv[:, None] & mk[None, :]
-    if ONE_TOKEN and PREFETCH:  # the new token's inputs do not depend on the slot: their loads go out first
-        k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
-                                             rk, rv, mk, mv, DK, DV)  # fmt: skip
-
+    mv = rv < DV
+    mt = rt < T
+    mvt = mv[:, None] & mt[None, :]
+    row = (i_b * T + rt).to(tl.int64)
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
     phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
     n = tl.load(pending_ptr + slot)
+    tok = (slot * 2 + phase) * Tmax + rt
+    mp = rt < n
+    g_tot, wp, UpT = _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV, DV)
+    written = (rv < tl.minimum(n, 1) * DV)[:, None]  # nothing pending: the state is unchanged, not rewritten
 
-    # Transposed checkpoint state slice St [BV, BK], read once; the n pending tokens (ring half
-    # `phase`) folded in, as a WY chunk or, for one token (plain decoding), a rank-1 step; written once
-    # (not at all when nothing is pending: it is unchanged).
-    s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
-    St = tl.load(s_ptrs, mask=ms, other=0.0)
-    tok = (slot * 2 + phase) * Tmax
-    if n > 1:
-        St = _fold_chunk(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok + rt, n, i_h, hk, rt, rk, rv, mk, mv,
-                         HK, HV, DK, DV, PREC)  # fmt: skip
-    else:
-        St = _fold_one(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
-    tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
-    if OVERLAP:  # launched beside _chunk_prep_kernel: what the fold read was written before it; what follows it wrote
+    s_base = state_ptr + (slot * HV + i_h) * DK * DV
+    SKQ = tl.zeros([BV, 2 * TP], dtype=tl.float32)  # S0 [K; Q]^T, unnormalised
+    kk = tl.zeros([TP], dtype=tl.float32)
+    qq = tl.zeros([TP], dtype=tl.float32)
+    for c in tl.range(0, BK, BKC, num_stages=STAGES):
+        rk = c + rc
+        mk = rk < DK
+        s_ptrs = s_base + rk[None, :] * DV + rv[:, None]
+        St = tl.load(s_ptrs, mask=mv[:, None] & mk[None, :], other=0.0)
+        Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :],
+                     other=0.0)  # fmt: skip
+        mtk = mt[:, None] & mk[None, :]
+        Kc = tl.load(k_ptr + row[:, None] * sk + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+        Qc = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
+        St = _fold(St, UpT, Kp, wp, g_tot, PREC)
+        tl.store(s_ptrs, St, mask=written & mk[None, :])
+        SKQ = tl.dot(St, tl.trans(tl.reshape(tl.permute(tl.join(Kc, Qc), (2, 0, 1)), (2 * TP, BKC))), SKQ,
+                     input_precision=PREC)  # fmt: skip
+        kk += tl.sum(Kc * Kc, 1)
+        qq += tl.sum(Qc * Qc, 1)
+    X, Y = tl.split(tl.permute(tl.reshape(SKQ, (BV, 2, TP)), (0, 2, 1)))
+    X = X * tl.rsqrt(kk + eps)[None, :]
+    Y = Y * (tl.rsqrt(qq + eps) * scale)[None, :]
+    VT = tl.load(v_ptr + row[None, :] * sv + i_h * DV + rv[:, None], mask=mvt, other=0.0).to(tl.float32)
+    if OVERLAP:  # launched beside _chunk_prep_kernel: what the loop read was written before it; what follows it wrote
         pdl_enter(True)
 
-    park = (slot * 2 + 1 - phase) * Tmax
-    if ONE_TOKEN:
-        # One new token: the delta step as two row reductions of the folded state, no Gram or inverse.
-        if not PREFETCH:
-            k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
-                                                 rk, rv, mk, mv, DK, DV)  # fmt: skip
-        A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
-        Kn, g, u, o = _token_step(St, k1, q1, v1, a1, b1, A_log, dt_bias, scale, eps)
-        tl.store(o_ptr + (i_b * HV + i_h).to(tl.int64) * DV + rv, o.to(o_ptr.dtype.element_ty), mask=mv)
-        tl.store(ring_u_ptr + (park * HV + i_h) * DV + rv, u, mask=mv)
-        if i_v == 0:
-            tl.store(ring_g_ptr + park * HV + i_h, g)
-            if i_h % (HV // HK) == 0:
-                tl.store(ring_k_ptr + (park * HK + hk) * DK + rk, Kn, mask=mk)
-    else:
-        # The T new tokens, with their T x T matrices from _chunk_prep_kernel: outputs from the folded state.
-        mt = rt < T
-        row = (i_b * T + rt).to(tl.int64)
-        mtk = mt[:, None] & mk[None, :]
-        park_t = park + rt
-        Kn = tl.load(ring_k_ptr + (park_t[:, None] * HK + hk) * DK + rk[None, :], mask=mtk, other=0.0)
-        Q = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-        Q = Q * tl.load(q_scale_ptr + row * HK + hk, mask=mt, other=0.0)[:, None]
-        decay = tl.exp(tl.cumsum(tl.load(ring_g_ptr + park_t * HV + i_h, mask=mt, other=0.0), 0))
-        base = mats_ptr + (i_b * HV + i_h).to(tl.int64) * 2 * TP * TP
-        mat_t = rt[None, :] * TP + rt[:, None]  # transposed reads: the products need inv^T and P^T
-        inv_beta_t = tl.load(base + mat_t)
-        P_t = tl.load(base + TP * TP + mat_t)
-        VT = tl.load(v_ptr + row[None, :] * sv + i_h * DV + rv[:, None], mask=mv[:, None] & mt[None, :], other=0.0)
-        # One product of the state with [K; Q] (2T columns): the state operand is read once.
-        KQ = tl.reshape(tl.permute(tl.join(Kn, Q), (2, 0, 1)), (2 * TP, BK))
-        X, Y = tl.split(tl.permute(tl.reshape(tl.dot(St, tl.trans(KQ), input_precision=PREC), (BV, 2, TP)), (0, 2, 1)))
-        UT = tl.dot(VT.to(tl.float32) - decay[None, :] * X, inv_beta_t, input_precision=PREC)
-        OT = tl.dot(UT, P_t, decay[None, :] * Y, input_precision=PREC)
-        o_ptrs = o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None]
-        tl.store(o_ptrs, OT.to(o_ptr.dtype.element_ty), mask=mv[:, None] & mt[None, :])
-        # Park the new tokens' writes in ring half 1 - phase (their k and g are parked by the prep kernel).
-        tl.store(ring_u_ptr + (park_t[None, :] * HV + i_h) * DV + rv[:, None], UT, mask=mv[:, None] & mt[None, :])
+    # The new tokens in WY form (module docstring), with their T x T matrices from _chunk_prep_kernel.
+    park = (slot * 2 + 1 - phase) * Tmax + rt
+    decay = tl.exp(tl.cumsum(tl.load(ring_g_ptr + park * HV + i_h, mask=mt, other=0.0), 0))
+    base = mats_ptr + (i_b * HV + i_h).to(tl.int64) * 2 * TP * TP
+    mat_t = rt[None, :] * TP + rt[:, None]  # transposed reads: the products need inv^T and P^T
+    UT = tl.dot(VT - decay[None, :] * X, tl.load(base + mat_t), input_precision=PREC)
+    OT = tl.dot(UT, tl.load(base + TP * TP + mat_t), decay[None, :] * Y, input_precision=PREC)
+    tl.store(o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None], OT.to(o_ptr.dtype.element_ty), mask=mvt)
+    # Park the new tokens' writes in ring half 1 - phase (their k and g are parked by the prep kernel).
+    tl.store(ring_u_ptr + (park[None, :] * HV + i_h) * DV + rv[:, None], UT, mask=mvt)
 
 
 @triton.jit
@@ -416,7 +466,7 @@ def _check_launch(inputs: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> No
     for t in buffers:
         if not t.is_contiguous():
             raise OcriaError("replay_ssm kernel: a state or buffer tensor is not contiguous")
-    if device.type == "cpu" and not isinstance(_replay_verify_kernel, InterpretedFunction):
+    if device.type == "cpu" and not isinstance(_verify_one_kernel, InterpretedFunction):
         raise OcriaError("replay_ssm kernel on CPU needs TRITON_INTERPRET=1 set before the kernel is imported")
 
 
@@ -425,6 +475,7 @@ H200_SM_COUNT = 132
 BLOCK_V_CHOICES = (64, 32, 16)
 DEEP_GRID_PROGRAMS_PER_SM = 8
 DEEP_GRID_MAX_REGISTERS = 168
+KEY_CHUNK = 32
 
 
 @lru_cache(maxsize=16)
@@ -441,10 +492,10 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
     A program runs its state load, fold, products and store one after another, so a small grid (64
     programs for batch 1 at Qwen3.5 heads with 64 columns) leaves SMs idle and exposes that chain;
     narrower tiles spread the same state over more programs. Wide tiles stay where the grid is large:
-    they feed wgmma. A 64-column program needs ~220-255 registers, two per SM; capped at
-    ``DEEP_GRID_MAX_REGISTERS`` (a few hundred bytes of spills) three fit, which pays once every SM has
+    they feed wgmma. A 64-column whole-tile program (the one-token kernel) needs ~210 registers, two per SM;
+    capped at ``DEEP_GRID_MAX_REGISTERS`` (a few hundred bytes of spills) three fit, which pays once every SM has
     ``DEEP_GRID_PROGRAMS_PER_SM`` programs to run (bench/results/replay_ssm_launch_prep_h200.json:
-    batch >= 32 faster, batch 8 slower).
+    batch >= 32 faster, batch 8 slower). The block kernel's key chunks stay under the cap.
     """
     for bv in BLOCK_V_CHOICES[:-1]:
         programs = triton.cdiv(head_v_dim, bv) * num_v_heads * batch
@@ -454,16 +505,30 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
     return BLOCK_V_CHOICES[-1], 4, None
 
 
+def key_chunking(programs: int, sm_count: int, block_v: int, block_k: int) -> tuple[int, int]:
+    """(key chunk, pipeline stages) of a T > 1 launch of ``programs`` [block_v, block_k] state tiles.
+
+    Chunks of ``KEY_CHUNK`` keys hold ~100 registers, five programs per SM, against ~220 for the whole tile,
+    and the next chunks' loads are in flight while one is folded: batch 16-64 at T = 16 9-10% faster than the
+    whole tile. The 16-column tiles of the smallest grids keep the whole tile, one load and no loop: there one
+    program's latency is the step's (batch 1: 9.4 against 13.3 µs). Stages: 3 once the grid is deep, 2 before
+    (bench/results/replay_ssm_key_chunking_h200.json).
+    """
+    if block_v <= BLOCK_V_CHOICES[-1]:
+        return block_k, 1
+    return KEY_CHUNK, 3 if programs >= DEEP_GRID_PROGRAMS_PER_SM * sm_count else 2
+
+
 def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
     block_v: int | None = None, num_warps: int | None = None, precision: str | None = None,
-    max_registers: int | None = None,
+    max_registers: int | None = None, key_chunk: int | None = None, stages: int | None = None,
 ) -> Tensor:  # fmt: skip
     """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32.
     ``block_v`` / ``num_warps`` / ``max_registers`` default to ``launch_config`` for this batch and device
-    (the register cap only when no tile is given)."""
+    (the register cap only when no tile is given), ``key_chunk`` / ``stages`` (T > 1) to ``key_chunking``."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[-2:]
     Tmax = ring_k.shape[2]
@@ -498,26 +563,25 @@ def replay_verify_kernel(
         raise OcriaError(f"replay_verify: block_v={BV} with {num_warps} warps; use block_v >= {16 * num_warps}")
     TP = max(16, triton.next_power_of_2(Tmax))
     precision = precision or DOT_PRECISION[v.dtype]
-    # Scratch of the T x T prep (T > 1; T = 1 passes the state, unread): per value head (I + A)^-1 diag(beta)
-    # and P, per row q's scale.
-    mats = q_scale = state
-    overlap = T > 1 and OVERLAP_PREP and pdl_capable(v.device)
-    if T > 1:
-        mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
-        q_scale = torch.empty((B, T, Hk), dtype=torch.float32, device=v.device)
-        _chunk_prep_kernel[(Hv, B)](
-            q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, q_scale,
-            T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,
-            HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap,
-            **pdl_args(v.device),
-        )  # fmt: skip
-    _replay_verify_kernel[(triton.cdiv(Dv, BV), Hv, B)](
-        q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
-        mats, q_scale, o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
-        HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, TP=TP, PREC=precision, ONE_TOKEN=T == 1,
-        PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, OVERLAP=overlap, num_warps=num_warps, **pdl_args(v.device, overlap),
-        **({"maxnreg": max_registers} if max_registers else {}),
+    grid = (triton.cdiv(Dv, BV), Hv, B)
+    common = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids, o)
+    heads = dict(HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, TP=TP, PREC=precision, num_warps=num_warps,
+                 **({"maxnreg": max_registers} if max_registers else {}))  # fmt: skip
+    if T == 1:
+        _verify_one_kernel[grid](*common, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
+                                 PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, **heads, **pdl_args(v.device))  # fmt: skip
+        return o
+    # Per value head (I + A)^-1 diag(beta) and P from the prep kernel, read by the block kernel after its loop.
+    mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
+    overlap = OVERLAP_PREP and pdl_capable(v.device)
+    _chunk_prep_kernel[(Hv, B)](
+        q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,
+        HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap, **pdl_args(v.device),
     )  # fmt: skip
+    auto_chunk, auto_stages = key_chunking(math.prod(grid), _sm_count(v.device), BV, BK)
+    _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
+                               BKC=min(key_chunk or auto_chunk, BK), STAGES=stages or auto_stages, OVERLAP=overlap,
+                               **heads, **pdl_args(v.device, overlap))  # fmt: skip
     return o
 
 
