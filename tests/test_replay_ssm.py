@@ -225,6 +225,21 @@ def test_block_kernel_key_chunks_match_float64_recurrence(key_chunk, stages, Dk,
     assert {min(n, 2) for T, n in seen if T > 1} >= {0, 2}  # nothing pending, and a rank-n fold
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_deep_grid_launch_matches_float64_recurrence(monkeypatch, dtype):
+    """What a deep grid launches (one prep program per key head for its 2 or 4 value heads, 32-key chunks in 3
+    pipeline stages), forced on a small grid: every grid counts as deep."""
+    import ocria.plugins.replay_ssm.kernel as kernel
+
+    monkeypatch.setattr(kernel, "DEEP_GRID_PROGRAMS_PER_SM", 0)
+    out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for shape in ((1, 2, 64, 32, 8), (2, 8, 16, 32, 8)):  # two key chunks; 4 value heads per key head
+        ts = [5, 3, 8, 1, 6]
+        for name, got, want in _run(True, dtype, 7, steps=len(ts), shape=shape, ts=ts, launch=dict(block_v=32)):
+            tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_key_chunking_streams_deep_grids_and_keeps_narrow_tiles_whole():
     """Key chunks of 32 from 16-column tiles up (3 stages once every SM has 8 programs, 2 before), the whole tile
     for 16-column tiles (the smallest grids, where one program's latency is the step's)."""

@@ -291,16 +291,17 @@ def _chunk_prep_kernel(
     q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr, slot_ptr,
     mats_ptr, T, Tmax, scale, eps, sq, sk, sa, sb,
     HK: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr, BK: tl.constexpr, TP: tl.constexpr,
-    PREC: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr,
+    HEADS: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr, OVERLAP: tl.constexpr,
 ):  # fmt: skip
-    """The state-independent T x T work of a verify block, once per (value head, batch row): L2-norms, gates, the
-    triangular inverse and the decayed scores. Writes the log-decays to the ring (park half), and per value head
-    ``mats`` [B, Hv, 2, TP, TP]: (I + A)^-1 with column j scaled by beta_j, and the causal decayed scores
-    P_ij = exp(G_i - G_j) q_i.k_j (j <= i). The first value head of each key head also parks the normalised keys.
-    With OVERLAP the block kernel after it may start at once: it streams and folds its state first."""
+    """The state-independent T x T work of a verify block, once per batch row and group of ``HEADS`` value heads
+    (of one key head): L2-norms and the Gram and score matrices of the key head, then for each value head the
+    gates, the triangular inverse and the decayed scores. Parks the log-decays and (first group of a key head) the
+    normalised keys in the ring (park half), and writes per value head ``mats`` [B, Hv, 2, TP, TP]: (I + A)^-1
+    with column j scaled by beta_j, and the causal decayed scores P_ij = exp(G_i - G_j) q_i.k_j (j <= i). With
+    OVERLAP the block kernel after it may start at once: it streams and folds its state first."""
     pdl_enter(PDL, OVERLAP)
-    i_h, i_b = tl.program_id(0), tl.program_id(1)
-    hk = i_h // (HV // HK)
+    i_g, i_b = tl.program_id(0), tl.program_id(1)
+    hk = i_g * HEADS // (HV // HK)
     rt = tl.arange(0, TP)
     rk = tl.arange(0, BK)
     mt = rt < T
@@ -310,26 +311,28 @@ def _chunk_prep_kernel(
     Kn = Kn * tl.rsqrt(tl.sum(Kn * Kn, 1) + eps)[:, None]
     Q = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
     Q = Q * (tl.rsqrt(tl.sum(Q * Q, 1) + eps) * scale)[:, None]
-    a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
-    A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
-    g = tl.where(mt, _log_decay(a, A_log, dt_bias), 0.0)
-    beta = tl.where(mt, tl.sigmoid(b), 0.0)
-    gc = tl.cumsum(g, 0)
-    inv = _tril_inverse(tl.dot(Kn, tl.trans(Kn), input_precision=PREC), gc, beta, TP, PREC)
-    causal = rt[:, None] >= rt[None, :]
+    kk = tl.dot(Kn, tl.trans(Kn), input_precision=PREC)
     qk = tl.dot(Q, tl.trans(Kn), input_precision=PREC)
-    P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
-
     slot = tl.load(slot_ptr + i_b).to(tl.int64)
     park = (slot * 2 + 1 - tl.load(ring_phase_ptr + slot).to(tl.int64)) * Tmax + rt
-    tl.store(ring_g_ptr + park * HV + i_h, g, mask=mt)
-    base = mats_ptr + (i_b * HV + i_h).to(tl.int64) * 2 * TP * TP
-    mat = rt[:, None] * TP + rt[None, :]
-    tl.store(base + mat, inv * beta[None, :])
-    tl.store(base + TP * TP + mat, P)
-    if i_h % (HV // HK) == 0:
+    if (i_g * HEADS) % (HV // HK) == 0:
         tl.store(ring_k_ptr + (park[:, None] * HK + hk) * DK + rk[None, :], Kn, mask=mtk)
+    causal = rt[:, None] >= rt[None, :]
+    mat = rt[:, None] * TP + rt[None, :]
+    for j in tl.static_range(HEADS):
+        i_h = i_g * HEADS + j
+        a = tl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(tl.float32)
+        A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
+        g = tl.where(mt, _log_decay(a, A_log, dt_bias), 0.0)
+        beta = tl.where(mt, tl.sigmoid(b), 0.0)
+        gc = tl.cumsum(g, 0)
+        inv = _tril_inverse(kk, gc, beta, TP, PREC)
+        P = tl.where(causal, qk * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0)), 0.0)
+        tl.store(ring_g_ptr + park * HV + i_h, g, mask=mt)
+        base = mats_ptr + (i_b * HV + i_h).to(tl.int64) * 2 * TP * TP
+        tl.store(base + mat, inv * beta[None, :])
+        tl.store(base + TP * TP + mat, P)
 
 
 @triton.jit
@@ -485,6 +488,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def deep_grid(programs: int, sm_count: int) -> bool:
+    """Whether a launch gives every SM ``DEEP_GRID_PROGRAMS_PER_SM`` state tiles: throughput, not one program's
+    latency, then sets the step's time."""
+    return programs >= DEEP_GRID_PROGRAMS_PER_SM * sm_count
+
+
 def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) -> tuple[int, int, int | None]:
     """(block_v, num_warps, max_registers) of a verify launch: the widest column tile whose grid still gives
     every SM two programs, 16 columns when none does; a register cap once the grid is deep.
@@ -500,7 +509,7 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
     for bv in BLOCK_V_CHOICES[:-1]:
         programs = triton.cdiv(head_v_dim, bv) * num_v_heads * batch
         if programs >= 2 * sm_count:
-            deep = bv == 64 and programs >= DEEP_GRID_PROGRAMS_PER_SM * sm_count
+            deep = bv == 64 and deep_grid(programs, sm_count)
             return bv, 4, DEEP_GRID_MAX_REGISTERS if deep else None
     return BLOCK_V_CHOICES[-1], 4, None
 
@@ -516,7 +525,7 @@ def key_chunking(programs: int, sm_count: int, block_v: int, block_k: int) -> tu
     """
     if block_v <= BLOCK_V_CHOICES[-1]:
         return block_k, 1
-    return KEY_CHUNK, 3 if programs >= DEEP_GRID_PROGRAMS_PER_SM * sm_count else 2
+    return KEY_CHUNK, 3 if deep_grid(programs, sm_count) else 2
 
 
 def replay_verify_kernel(
@@ -574,9 +583,15 @@ def replay_verify_kernel(
     # Per value head (I + A)^-1 diag(beta) and P from the prep kernel, read by the block kernel after its loop.
     mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
     overlap = OVERLAP_PREP and pdl_capable(v.device)
-    _chunk_prep_kernel[(Hv, B)](
+    # Deep grids: one prep program per key head (its Gram and score matrices once for all its value heads, half
+    # the programs at Qwen3.5's GQA: batch 32 70.8 -> 67.3 µs); shallow ones keep one per value head, whose
+    # shorter chain is the step's latency there (batch 8 21.6 against 23.0 µs;
+    # bench/results/replay_ssm_prep_per_key_head_h200.json).
+    prep_heads = Hv // Hk if deep_grid(math.prod(grid), _sm_count(v.device)) else 1
+    _chunk_prep_kernel[(Hv // prep_heads, B)](
         q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,
-        HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap, **pdl_args(v.device),
+        HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, HEADS=prep_heads, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap,
+        **pdl_args(v.device),
     )  # fmt: skip
     auto_chunk, auto_stages = key_chunking(math.prod(grid), _sm_count(v.device), BV, BK)
     _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
