@@ -227,8 +227,8 @@ def test_block_kernel_key_chunks_match_float64_recurrence(key_chunk, stages, Dk,
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_deep_grid_launch_matches_float64_recurrence(monkeypatch, dtype):
-    """What a deep grid launches (one prep program per key head for its 2 or 4 value heads, 32-key chunks in 3
-    pipeline stages), forced on a small grid: every grid counts as deep."""
+    """What a deep grid launches (one prep program per key head for its 2 or 4 value heads, with two 32-key chunks
+    in the block kernel), forced on a small grid: every grid counts as deep."""
     import ocria.plugins.replay_ssm.kernel as kernel
 
     monkeypatch.setattr(kernel, "DEEP_GRID_PROGRAMS_PER_SM", 0)
@@ -240,12 +240,11 @@ def test_deep_grid_launch_matches_float64_recurrence(monkeypatch, dtype):
             torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
 
 
-def test_key_chunking_streams_deep_grids_and_keeps_narrow_tiles_whole():
-    """Key chunks of 32 from 16-column tiles up (3 stages once every SM has 8 programs, 2 before), the whole tile
-    for 16-column tiles (the smallest grids, where one program's latency is the step's)."""
-    tiles = {B: launch_config(B, 32, 128, 132)[0] for B in (1, 4, 8, 32)}
-    picks = {B: key_chunking(B * 32 * 128 // bv, 132, bv, 128) for B, bv in tiles.items()}
-    assert picks == {1: (128, 1), 4: (32, 2), 8: (32, 2), 32: (32, 3)}
+def test_key_chunking_streams_wide_tiles_and_keeps_narrow_tiles_whole():
+    """32-key chunks in 3 stages from the 32-column tiles up, the whole tile for the 16-column tiles launch_config
+    picks for the smallest grids (where one program's latency is the step's)."""
+    picks = {B: key_chunking(launch_config(B, 32, 128, 132)[0], 128) for B in (1, 4, 8, 32)}
+    assert picks == {1: (128, 1), 4: (32, 3), 8: (32, 3), 32: (32, 3)}
 
 
 def test_launch_config_fills_the_gpu_at_small_batch():

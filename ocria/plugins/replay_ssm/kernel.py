@@ -514,18 +514,19 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
     return BLOCK_V_CHOICES[-1], 4, None
 
 
-def key_chunking(programs: int, sm_count: int, block_v: int, block_k: int) -> tuple[int, int]:
-    """(key chunk, pipeline stages) of a T > 1 launch of ``programs`` [block_v, block_k] state tiles.
+def key_chunking(block_v: int, block_k: int) -> tuple[int, int]:
+    """(key chunk, pipeline stages) of a T > 1 launch of [block_v, block_k] state tiles.
 
-    Chunks of ``KEY_CHUNK`` keys hold ~100 registers, five programs per SM, against ~220 for the whole tile,
-    and the next chunks' loads are in flight while one is folded: batch 16-64 at T = 16 9-10% faster than the
-    whole tile. The 16-column tiles of the smallest grids keep the whole tile, one load and no loop: there one
-    program's latency is the step's (batch 1: 9.4 against 13.3 µs). Stages: 3 once the grid is deep, 2 before
-    (bench/results/replay_ssm_key_chunking_h200.json).
+    Chunks of ``KEY_CHUNK`` keys hold 96 registers, five programs per SM, against ~220 for the whole tile, and
+    the next chunks' loads are in flight while one is folded: batch 16-64 at T = 16 9-10% faster than the whole
+    tile (bench/results/replay_ssm_key_chunking_h200.json). The 16-column tiles of the smallest grids keep the
+    whole tile, one load and no loop: there one program's latency is the step's (batch 1: 9.4 against 13.3 µs).
+    Three stages at every batch from 4 to 64; two or four and register caps of 64-88 were no faster
+    (bench/results/replay_ssm_regs_stages_h200.json).
     """
     if block_v <= BLOCK_V_CHOICES[-1]:
         return block_k, 1
-    return KEY_CHUNK, 3 if deep_grid(programs, sm_count) else 2
+    return KEY_CHUNK, 3
 
 
 def replay_verify_kernel(
@@ -593,7 +594,7 @@ def replay_verify_kernel(
         HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, HEADS=prep_heads, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap,
         **pdl_args(v.device),
     )  # fmt: skip
-    auto_chunk, auto_stages = key_chunking(math.prod(grid), _sm_count(v.device), BV, BK)
+    auto_chunk, auto_stages = key_chunking(BV, BK)
     _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
                                BKC=min(key_chunk or auto_chunk, BK), STAGES=stages or auto_stages, OVERLAP=overlap,
                                **heads, **pdl_args(v.device, overlap))  # fmt: skip
