@@ -18,9 +18,10 @@ U (not V and beta), and the fold is the single product ``S_T`` above, with no Gr
 state read feeding back.
 
 The state-independent T x T part (L2-norms, gates, Gram matrices, the inverse, the decayed scores) runs
-first, in ``_chunk_prep_kernel``, once per (value head, batch row): inside the state-tile program it was
-repeated per column tile and held registers through the state's products. The inverse is the series
-(I - A)(I + A^2)(I + A^4)... of tensor-core products, not a row-by-row substitution.
+first, in ``_chunk_prep_kernel``, once per batch row and value head (key head on deep grids, its Gram and score
+matrices shared by its value heads): inside the state-tile programs it was repeated per column tile and sat on
+their critical path. The inverse is the series (I - A)(I + A^2)(I + A^4)... of tensor-core products, not a
+row-by-row substitution.
 
 ``_verify_block_kernel`` (T > 1) streams its state tile in key chunks: the fold and both state products
 (S K^T, S Q^T) are sums over the key axis, so each [BV, KEY_CHUNK] chunk is read, folded, written back and
