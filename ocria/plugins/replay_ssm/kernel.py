@@ -131,9 +131,21 @@ def _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV: tl.cons
 
 
 @triton.jit
-def _fold(St, UpT, Kp, wp, g_tot, PREC: tl.constexpr):
-    """exp(g_tot) St + U^T (Kp * w): the pending tokens applied to the state tile (or a key chunk of it)."""
+def _fold(St, UpT, wp, g_tot, ring_k_ptr, tok, n, rt, hk, rk, mk, HK: tl.constexpr, DK: tl.constexpr,
+          PREC: tl.constexpr):  # fmt: skip
+    """exp(g_tot) St + U^T (K * w): the n pending tokens (ring rows ``tok``, from ``_pending_writes``) applied to
+    the state tile St [BV, len(rk)], or to a key chunk of it (key columns ``rk``)."""
+    Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=(rt < n)[:, None] & mk[None, :],
+                 other=0.0)  # fmt: skip
     return tl.dot(UpT, Kp * wp[:, None], St * tl.exp(g_tot), input_precision=PREC)
+
+
+@triton.jit
+def _state_written(rv, n, DV: tl.constexpr):
+    """[BV, 1] mask of a state tile's store: all rows when something was folded, none when nothing was pending
+    (the state is then unchanged and not rewritten). A bound, not ``n > 0``: the interpreter cannot AND a block
+    with a scalar bool."""
+    return (rv < tl.minimum(n, 1) * DV)[:, None]
 
 
 @triton.jit
@@ -215,7 +227,7 @@ def _replay_sequential_kernel(
         kp = tl.load(ring_k_ptr + ((tok + i) * HK + hk) * DK + rk, mask=mk, other=0.0)
         up = tl.load(ring_u_ptr + ((tok + i) * HV + i_h) * DV + rv, mask=mv, other=0.0)
         St = _write_one(St, tl.exp(g), up, kp)
-    tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
+    tl.store(s_ptrs, St, mask=_state_written(rv, n, DV) & mk[None, :])
     park = (slot * 2 + 1 - phase) * Tmax
     A_log, dt_bias = _head_gate_params(A_log_ptr, dt_bias_ptr, i_h)
     nxt = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b * T, i_h, hk, sq, sk, sv, sa, sb, rk, rv, mk, mv,
@@ -266,12 +278,10 @@ def _verify_one_kernel(
     tok = (slot * 2 + phase) * Tmax
     if n > 1:
         g_tot, wp, UpT = _pending_writes(ring_u_ptr, ring_g_ptr, tok + rt, n, i_h, rt, rv, mv, HV, DV)
-        Kp = tl.load(ring_k_ptr + ((tok + rt[:, None]) * HK + hk) * DK + rk[None, :],
-                     mask=(rt < n)[:, None] & mk[None, :], other=0.0)  # fmt: skip
-        St = _fold(St, UpT, Kp, wp, g_tot, PREC)
+        St = _fold(St, UpT, wp, g_tot, ring_k_ptr, tok + rt, n, rt, hk, rk, mk, HK, DK, PREC)
     else:
         St = _fold_one(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
-    tl.store(s_ptrs, St, mask=(rv < tl.minimum(n, 1) * DV)[:, None] & mk[None, :])
+    tl.store(s_ptrs, St, mask=_state_written(rv, n, DV) & mk[None, :])
 
     if not PREFETCH:
         k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
@@ -364,9 +374,8 @@ def _verify_block_kernel(
     phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
     n = tl.load(pending_ptr + slot)
     tok = (slot * 2 + phase) * Tmax + rt
-    mp = rt < n
     g_tot, wp, UpT = _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV, DV)
-    written = (rv < tl.minimum(n, 1) * DV)[:, None]  # nothing pending: the state is unchanged, not rewritten
+    written = _state_written(rv, n, DV)
 
     s_base = state_ptr + (slot * HV + i_h) * DK * DV
     SKQ = tl.zeros([BV, 2 * TP], dtype=tl.float32)  # S0 [K; Q]^T, unnormalised
@@ -377,12 +386,10 @@ def _verify_block_kernel(
         mk = rk < DK
         s_ptrs = s_base + rk[None, :] * DV + rv[:, None]
         St = tl.load(s_ptrs, mask=mv[:, None] & mk[None, :], other=0.0)
-        Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=mp[:, None] & mk[None, :],
-                     other=0.0)  # fmt: skip
         mtk = mt[:, None] & mk[None, :]
         Kc = tl.load(k_ptr + row[:, None] * sk + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
         Qc = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-        St = _fold(St, UpT, Kp, wp, g_tot, PREC)
+        St = _fold(St, UpT, wp, g_tot, ring_k_ptr, tok, n, rt, hk, rk, mk, HK, DK, PREC)
         tl.store(s_ptrs, St, mask=written & mk[None, :])
         SKQ = tl.dot(St, tl.trans(tl.reshape(tl.permute(tl.join(Kc, Qc), (2, 0, 1)), (2 * TP, BKC))), SKQ,
                      input_precision=PREC)  # fmt: skip
@@ -576,11 +583,11 @@ def replay_verify_kernel(
     precision = precision or DOT_PRECISION[v.dtype]
     grid = (triton.cdiv(Dv, BV), Hv, B)
     common = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids, o)
-    heads = dict(HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, TP=TP, PREC=precision, num_warps=num_warps,
-                 **({"maxnreg": max_registers} if max_registers else {}))  # fmt: skip
+    tile_args = dict(HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, TP=TP, PREC=precision, num_warps=num_warps,
+                     **({"maxnreg": max_registers} if max_registers else {}))  # fmt: skip
     if T == 1:
         _verify_one_kernel[grid](*common, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
-                                 PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, **heads, **pdl_args(v.device))  # fmt: skip
+                                 PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, **tile_args, **pdl_args(v.device))  # fmt: skip
         return o
     # Per value head (I + A)^-1 diag(beta) and P from the prep kernel, read by the block kernel after its loop.
     mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
@@ -598,7 +605,7 @@ def replay_verify_kernel(
     auto_chunk, auto_stages = key_chunking(BV, BK)
     _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
                                BKC=min(key_chunk or auto_chunk, BK), STAGES=stages or auto_stages, OVERLAP=overlap,
-                               **heads, **pdl_args(v.device, overlap))  # fmt: skip
+                               **tile_args, **pdl_args(v.device, overlap))  # fmt: skip
     return o
 
 
