@@ -360,3 +360,11 @@ def test_switch():
     verify, _ = _small_case(D=64)
     with pytest.raises(OcriaError, match="block_v >= 128"):
         replay_verify_kernel(*verify, block_v=64, num_warps=8)
+    verify, _ = _small_case()
+    buffers = [t.clone() for t in verify[7:]]
+    for bad in (24, 8):
+        with pytest.raises(OcriaError, match=f"key_chunk={bad}; use a power of two >= 16"):
+            replay_verify_kernel(*verify, key_chunk=bad)
+    with pytest.raises(OcriaError, match="stages=0; use 1 or more"):
+        replay_verify_kernel(*verify, stages=0)
+    assert all(torch.equal(t, before) for t, before in zip(verify[7:], buffers, strict=True))  # refused untouched

@@ -554,6 +554,10 @@ def replay_verify_kernel(
         raise OcriaError(f"replay_verify kernel needs fp32 state and ring buffers, got {state.dtype}")
     if T > Tmax:
         raise OcriaError(f"replay_verify: {T} new tokens exceed the ring capacity Tmax={Tmax}")
+    if key_chunk is not None and (key_chunk < 16 or key_chunk & (key_chunk - 1)):
+        raise OcriaError(f"replay_verify: key_chunk={key_chunk}; use a power of two >= 16")
+    if stages is not None and stages < 1:
+        raise OcriaError(f"replay_verify: stages={stages}; use 1 or more")
     (q, sq), (k, sk), (v, sv), (a, sa), (b, sb) = (token_rows(t) for t in (q, k, v, a, b))
     A_log, dt_bias, slot_ids = A_log.contiguous(), dt_bias.contiguous(), slot_ids.contiguous()
     _check_launch((q, k, v, a, b), (state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids))
