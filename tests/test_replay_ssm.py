@@ -240,6 +240,43 @@ def test_deep_grid_launch_matches_float64_recurrence(monkeypatch, dtype):
             torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
 
 
+class _LaunchSpy:
+    """Stands in for a Triton kernel: records each launch's keyword arguments, then launches the kernel."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_deep_grid_block_launch_caps_registers_for_five_programs_per_sm(monkeypatch, dtype):
+    """A deep grid's own launch caps the key-chunked block kernel's tf32 build (bf16 inputs) at
+    ``KEY_CHUNK_MAX_REGISTERS``; the tf32x3 build (fp32 inputs) keeps the deep-grid cap, and a launch with a tile
+    given is not capped. One SM and every grid deep, so a small shape is what a large batch launches on the H200;
+    outputs and states still match the float64 recurrence."""
+    import ocria.plugins.replay_ssm.kernel as kernel
+
+    monkeypatch.setattr(kernel, "_sm_count", lambda device: 1)
+    monkeypatch.setattr(kernel, "DEEP_GRID_PROGRAMS_PER_SM", 0)
+    spy = _LaunchSpy(kernel._verify_block_kernel)
+    monkeypatch.setattr(kernel, "_verify_block_kernel", spy)
+    auto_cap = kernel.KEY_CHUNK_MAX_REGISTERS if dtype == torch.bfloat16 else kernel.DEEP_GRID_MAX_REGISTERS
+    out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for launch in (None, dict(block_v=64)):
+        spy.launches.clear()
+        for name, got, want in _run(True, dtype, 3, steps=3, shape=(1, 2, 64, 64, 8), ts=[5, 1, 8], launch=launch):
+            tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, n=name: f"{n}: {m}")
+        cap = auto_cap if launch is None else None
+        assert [(kw["BKC"], kw.get("maxnreg")) for kw in spy.launches] == [(32, cap)] * 2
+
+
 def test_key_chunking_streams_wide_tiles_and_keeps_narrow_tiles_whole():
     """32-key chunks in 3 stages from the 32-column tiles up, the whole tile for the 16-column tiles launch_config
     picks for the smallest grids (where one program's latency is the step's)."""

@@ -26,7 +26,7 @@ row-by-row substitution.
 ``_verify_block_kernel`` (T > 1) streams its state tile in key chunks: the fold and both state products
 (S K^T, S Q^T) are sums over the key axis, so each [BV, KEY_CHUNK] chunk is read, folded, written back and
 multiplied with the same chunk of the new tokens' raw keys and queries (their L2-norms summed alongside and
-applied after the loop). A program then holds one chunk, not the tile (96 against ~220 registers), and the
+applied after the loop). A program then holds one chunk, not the tile (96-108 against ~220 registers), and the
 pipeliner keeps the next chunks' loads in flight. Nothing before the loop's end reads the prep kernel's output,
 so on Hopper the block kernel is launched with PDL beside it and waits for it only after the loop.
 
@@ -120,24 +120,25 @@ def _tril_inverse(kk, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
 
 @triton.jit
 def _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV: tl.constexpr, DV: tl.constexpr):
-    """What folding the n pending tokens at ring rows ``tok`` needs besides their keys: the total log-decay, each
-    token's key weight exp(g_tot - G_t) and their writes U^T [BV, TP] (parked by the step that verified them,
-    from this very state, so the fold is one rank-n product with no Gram matrix or inverse)."""
+    """What folding the n pending tokens at ring rows ``tok`` needs besides their keys: the total log-decay and their
+    writes U^T [BV, TP] (parked by the step that verified them, from this very state, so the fold is one rank-n
+    product with no Gram matrix or inverse), column t weighted by its key's decay to the end, exp(g_tot - G_t): once
+    per tile here, not on every key chunk."""
     mp = rt < n
     gp = tl.load(ring_g_ptr + tok * HV + i_h, mask=mp, other=0.0)
     g_tot = tl.sum(gp, 0)
     UpT = tl.load(ring_u_ptr + (tok[None, :] * HV + i_h) * DV + rv[:, None], mask=mv[:, None] & mp[None, :], other=0.0)
-    return g_tot, tl.exp(g_tot - tl.cumsum(gp, 0)), UpT
+    return g_tot, UpT * tl.exp(g_tot - tl.cumsum(gp, 0))[None, :]
 
 
 @triton.jit
-def _fold(St, UpT, wp, g_tot, ring_k_ptr, tok, n, rt, hk, rk, mk, HK: tl.constexpr, DK: tl.constexpr,
+def _fold(St, UwT, g_tot, ring_k_ptr, tok, n, rt, hk, rk, mk, HK: tl.constexpr, DK: tl.constexpr,
           PREC: tl.constexpr):  # fmt: skip
-    """exp(g_tot) St + U^T (K * w): the n pending tokens (ring rows ``tok``, from ``_pending_writes``) applied to
-    the state tile St [BV, len(rk)], or to a key chunk of it (key columns ``rk``)."""
+    """exp(g_tot) St + (U^T w) K: the n pending tokens (ring rows ``tok``, from ``_pending_writes``) applied to the
+    state tile St [BV, len(rk)], or to a key chunk of it (key columns ``rk``)."""
     Kp = tl.load(ring_k_ptr + (tok[:, None] * HK + hk) * DK + rk[None, :], mask=(rt < n)[:, None] & mk[None, :],
                  other=0.0)  # fmt: skip
-    return tl.dot(UpT, Kp * wp[:, None], St * tl.exp(g_tot), input_precision=PREC)
+    return tl.dot(UwT, Kp, St * tl.exp(g_tot), input_precision=PREC)
 
 
 @triton.jit
@@ -277,8 +278,8 @@ def _verify_one_kernel(
     St = tl.load(s_ptrs, mask=ms, other=0.0)
     tok = (slot * 2 + phase) * Tmax
     if n > 1:
-        g_tot, wp, UpT = _pending_writes(ring_u_ptr, ring_g_ptr, tok + rt, n, i_h, rt, rv, mv, HV, DV)
-        St = _fold(St, UpT, wp, g_tot, ring_k_ptr, tok + rt, n, rt, hk, rk, mk, HK, DK, PREC)
+        g_tot, UwT = _pending_writes(ring_u_ptr, ring_g_ptr, tok + rt, n, i_h, rt, rv, mv, HV, DV)
+        St = _fold(St, UwT, g_tot, ring_k_ptr, tok + rt, n, rt, hk, rk, mk, HK, DK, PREC)
     else:
         St = _fold_one(St, ring_k_ptr, ring_u_ptr, ring_g_ptr, tok, n, i_h, hk, rk, rv, HK, HV, DK, DV)
     tl.store(s_ptrs, St, mask=_state_written(rv, n, DV) & mk[None, :])
@@ -374,7 +375,7 @@ def _verify_block_kernel(
     phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
     n = tl.load(pending_ptr + slot)
     tok = (slot * 2 + phase) * Tmax + rt
-    g_tot, wp, UpT = _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV, DV)
+    g_tot, UwT = _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV, DV)
     written = _state_written(rv, n, DV)
 
     s_base = state_ptr + (slot * HV + i_h) * DK * DV
@@ -389,7 +390,7 @@ def _verify_block_kernel(
         mtk = mt[:, None] & mk[None, :]
         Kc = tl.load(k_ptr + row[:, None] * sk + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
         Qc = tl.load(q_ptr + row[:, None] * sq + hk * DK + rk[None, :], mask=mtk, other=0.0).to(tl.float32)
-        St = _fold(St, UpT, wp, g_tot, ring_k_ptr, tok, n, rt, hk, rk, mk, HK, DK, PREC)
+        St = _fold(St, UwT, g_tot, ring_k_ptr, tok, n, rt, hk, rk, mk, HK, DK, PREC)
         tl.store(s_ptrs, St, mask=written & mk[None, :])
         SKQ = tl.dot(St, tl.trans(tl.reshape(tl.permute(tl.join(Kc, Qc), (2, 0, 1)), (2 * TP, BKC))), SKQ,
                      input_precision=PREC)  # fmt: skip
@@ -403,12 +404,16 @@ def _verify_block_kernel(
         pdl_enter(True)
 
     # The new tokens in WY form (module docstring), with their T x T matrices from _chunk_prep_kernel.
+    # All three loads of the prep kernel's output go out before any is used: one round trip, not three in a row.
     park = (slot * 2 + 1 - phase) * Tmax + rt
-    decay = tl.exp(tl.cumsum(tl.load(ring_g_ptr + park * HV + i_h, mask=mt, other=0.0), 0))
     base = mats_ptr + (i_b * HV + i_h).to(tl.int64) * 2 * TP * TP
     mat_t = rt[None, :] * TP + rt[:, None]  # transposed reads: the products need inv^T and P^T
-    UT = tl.dot(VT - decay[None, :] * X, tl.load(base + mat_t), input_precision=PREC)
-    OT = tl.dot(UT, tl.load(base + TP * TP + mat_t), decay[None, :] * Y, input_precision=PREC)
+    g_new = tl.load(ring_g_ptr + park * HV + i_h, mask=mt, other=0.0)
+    inv_t = tl.load(base + mat_t)
+    P_t = tl.load(base + TP * TP + mat_t)
+    decay = tl.exp(tl.cumsum(g_new, 0))
+    UT = tl.dot(VT - decay[None, :] * X, inv_t, input_precision=PREC)
+    OT = tl.dot(UT, P_t, decay[None, :] * Y, input_precision=PREC)
     tl.store(o_ptr + (row[None, :] * HV + i_h) * DV + rv[:, None], OT.to(o_ptr.dtype.element_ty), mask=mvt)
     # Park the new tokens' writes in ring half 1 - phase (their k and g are parked by the prep kernel).
     tl.store(ring_u_ptr + (park[None, :] * HV + i_h) * DV + rv[:, None], UT, mask=mvt)
@@ -487,6 +492,13 @@ BLOCK_V_CHOICES = (64, 32, 16)
 DEEP_GRID_PROGRAMS_PER_SM = 8
 DEEP_GRID_MAX_REGISTERS = 168
 KEY_CHUNK = 32
+# Deep grids, key chunks, tf32 products (bf16 / fp16 inputs): five programs per SM. The block kernel compiles to 108
+# registers (four per SM) since the pending writes are weighted once per tile; capped at 96 it does not spill (the
+# tf32x3 build for fp32 inputs needs 138 and would; it keeps the deep-grid cap), and batch 64 at T = 16 took 121-123
+# against 139-142 µs uncapped (bench/results/replay_ssm_t13_h200.json); at 80 (six per SM) it spills and took 145
+# (replay_ssm_r80_h200.json). Shallow grids are not capped: batch 16 was faster without (35.6-35.9 against
+# 37.2-37.7 µs, replay_ssm_t13_h200.json).
+KEY_CHUNK_MAX_REGISTERS = 96
 
 
 @lru_cache(maxsize=16)
@@ -512,7 +524,7 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
     they feed wgmma. A 64-column whole-tile program (the one-token kernel) needs ~210 registers, two per SM;
     capped at ``DEEP_GRID_MAX_REGISTERS`` (a few hundred bytes of spills) three fit, which pays once every SM has
     ``DEEP_GRID_PROGRAMS_PER_SM`` programs to run (bench/results/replay_ssm_launch_prep_h200.json:
-    batch >= 32 faster, batch 8 slower). The block kernel's key chunks stay under the cap.
+    batch >= 32 faster, batch 8 slower). The block kernel's key chunks take ``KEY_CHUNK_MAX_REGISTERS`` instead.
     """
     for bv in BLOCK_V_CHOICES[:-1]:
         programs = triton.cdiv(head_v_dim, bv) * num_v_heads * batch
@@ -525,9 +537,9 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
 def key_chunking(block_v: int, block_k: int) -> tuple[int, int]:
     """(key chunk, pipeline stages) of a T > 1 launch of [block_v, block_k] state tiles.
 
-    Chunks of ``KEY_CHUNK`` keys hold 96 registers, five programs per SM, against ~220 for the whole tile, and
-    the next chunks' loads are in flight while one is folded: batch 16-64 at T = 16 9-10% faster than the whole
-    tile (bench/results/replay_ssm_key_chunking_h200.json). The 16-column tiles of the smallest grids keep the
+    Chunks of ``KEY_CHUNK`` keys hold 96-108 registers, four or five programs per SM, against ~220 for the whole
+    tile, and the next chunks' loads are in flight while one is folded: batch 16-64 at T = 16 9-10% faster than the
+    whole tile (bench/results/replay_ssm_key_chunking_h200.json). The 16-column tiles of the smallest grids keep the
     whole tile, one load and no loop: there one program's latency is the step's (batch 1: 9.4 against 13.3 µs).
     Three stages at every batch from 4 to 64; two or four and register caps of 64-88 were no faster
     (bench/results/replay_ssm_regs_stages_h200.json).
@@ -575,7 +587,8 @@ def replay_verify_kernel(
         )  # fmt: skip
         return o
     auto_bv, auto_warps, auto_registers = launch_config(B, Hv, Dv, _sm_count(v.device))
-    if block_v is None and num_warps is None and max_registers is None:
+    auto_launch = block_v is None and num_warps is None and max_registers is None
+    if auto_launch:
         max_registers = auto_registers
     block_v, num_warps = block_v or auto_bv, num_warps or auto_warps
     BV = max(16, min(block_v, triton.next_power_of_2(Dv)))
@@ -607,8 +620,11 @@ def replay_verify_kernel(
         **pdl_args(v.device),
     )  # fmt: skip
     auto_chunk, auto_stages = key_chunking(BV, BK)
+    BKC = min(key_chunk or auto_chunk, BK)
+    if auto_launch and auto_registers and BKC < BK and precision == "tf32":
+        tile_args["maxnreg"] = KEY_CHUNK_MAX_REGISTERS
     _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
-                               BKC=min(key_chunk or auto_chunk, BK), STAGES=stages or auto_stages, OVERLAP=overlap,
+                               BKC=BKC, STAGES=stages or auto_stages, OVERLAP=overlap,
                                **tile_args, **pdl_args(v.device, overlap))  # fmt: skip
     return o
 
