@@ -15,7 +15,9 @@ from timing import save_json
 
 from ocria.plugins.replay_ssm.kernel import (
     KEY_CHUNK,
+    KEY_CHUNK_MAX_REGISTERS,
     PREFETCH_MAX_BLOCK_V,
+    PREP_WARPS,
     _chunk_prep_kernel,
     _verify_block_kernel,
     _verify_one_kernel,
@@ -32,9 +34,11 @@ _TYPES = dict(
 DIVISIBLE_BY_16 = tuple(n for n, t in _TYPES.items() if t.startswith("*")) + ("sq", "sk", "sv", "sa", "sb")
 
 
-def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128)) -> dict:
+def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool, heads=(16, 32, 128),
+                  max_registers: int | None = None) -> dict:  # fmt: skip
     """T = 1: the one-token kernel; T > 1: the block kernel with ``KEY_CHUNK`` keys per chunk and 3 stages, as a
-    deep grid launches it on Hopper (beside the prep kernel; 16-column tiles launch the whole tile instead)."""
+    deep grid launches it on Hopper (beside the prep kernel; 16-column tiles launch the whole tile instead), under
+    ``max_registers`` when given."""
     Hk, Hv, D = heads
     consts = dict(HK=Hk, HV=Hv, DK=D, DV=D, BK=D, BV=block_v, TP=16, PREC=precision, PDL=False)
     if one_token:
@@ -42,24 +46,28 @@ def compile_stats(block_v: int, num_warps: int, precision: str, one_token: bool,
     else:
         kernel, consts = _verify_block_kernel, dict(consts, BKC=KEY_CHUNK, STAGES=3, OVERLAP=True)
     aligned = tuple(n for n in DIVISIBLE_BY_16 if n in kernel.arg_names)
-    out = compile_sm90(kernel, _TYPES, consts, num_warps, divisible_by_16=aligned)
+    out = compile_sm90(kernel, _TYPES, consts, num_warps, divisible_by_16=aligned, maxnreg=max_registers)
     ptx = out["ptx"]
     tiles = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)", ptx)))
     return dict(
-        block_v=block_v, num_warps=num_warps, precision=precision, one_token=one_token, registers=out["registers"],
+        block_v=block_v, num_warps=num_warps, precision=precision, one_token=one_token, max_registers=max_registers,
+        registers=out["registers"],
         spill_store_bytes=out["spill_store_bytes"], spill_load_bytes=out["spill_load_bytes"],
         wgmma_tiles=tiles, mma_sync=ptx.count("mma.sync"),
     )  # fmt: skip
 
 
-def prep_stats(precision: str, heads=(16, 32, 128)) -> dict:
-    """The T x T prep kernel (one program per key head and batch row) for T > 1."""
+def prep_stats(precision: str, value_heads_per_program: int, heads=(16, 32, 128)) -> dict:
+    """The T x T prep kernel for T > 1 with ``PREP_WARPS`` warps: one program per batch row and value head (shallow
+    grids) or per key head (deep grids, ``value_heads_per_program`` = Hv / Hk)."""
     Hk, Hv, D = heads
-    consts = dict(HK=Hk, HV=Hv, DK=D, BK=D, TP=16, PREC=precision, PDL=False, OVERLAP=True)
+    consts = dict(HK=Hk, HV=Hv, DK=D, BK=D, TP=16, HEADS=value_heads_per_program, PREC=precision, PDL=False,
+                  OVERLAP=True)  # fmt: skip
     aligned = tuple(n for n in DIVISIBLE_BY_16 if n in _chunk_prep_kernel.arg_names)
-    out = compile_sm90(_chunk_prep_kernel, _TYPES, consts, 4, divisible_by_16=aligned)
-    return dict(kernel="chunk_prep", num_warps=4, precision=precision, registers=out["registers"],
-                spill_store_bytes=out["spill_store_bytes"], spill_load_bytes=out["spill_load_bytes"])
+    out = compile_sm90(_chunk_prep_kernel, _TYPES, consts, PREP_WARPS, divisible_by_16=aligned)
+    return dict(kernel="chunk_prep", num_warps=PREP_WARPS, value_heads_per_program=value_heads_per_program,
+                precision=precision, registers=out["registers"], spill_store_bytes=out["spill_store_bytes"],
+                spill_load_bytes=out["spill_load_bytes"])  # fmt: skip
 
 
 def main() -> None:
@@ -72,16 +80,20 @@ def main() -> None:
         for prec in ("tf32", "tf32x3")
         for one in (True, False)
     ]
-    prep = [prep_stats(prec) for prec in ("tf32", "tf32x3")]
+    # What a deep grid with bf16 inputs launches: the block kernel capped for five programs per SM.
+    rows.append(compile_stats(64, 4, "tf32", False, max_registers=KEY_CHUNK_MAX_REGISTERS))
+    prep = [prep_stats(prec, heads) for prec in ("tf32", "tf32x3") for heads in (1, 2)]
     save_json(compile_report(rows + prep), args.out)
-    print(f"{'BV':>4} {'warps':>5} {'precision':>9} {'T=1':>4} {'regs':>4} {'spill st/ld B':>14}  wgmma tiles")
+    head = ("BV", 4), ("warps", 5), ("precision", 9), ("T=1", 4), ("cap", 4), ("regs", 4), ("spill st/ld B", 14)
+    print(" ".join(f"{name:>{width}}" for name, width in head) + "  wgmma tiles")
     for r in rows:
         spill = f"{r['spill_store_bytes']}/{r['spill_load_bytes']}"
         print(f"{r['block_v']:>4} {r['num_warps']:>5} {r['precision']:>9} {'yes' if r['one_token'] else 'no':>4} "
+              f"{r['max_registers'] or '-':>4} "
               f"{r['registers']:>4} {spill:>14}  "
               f"{','.join(r['wgmma_tiles']) or 'mma.sync only'}")  # fmt: skip
     for r in prep:
-        print(f"chunk_prep {r['precision']:>9}: {r['registers']} registers, "
+        print(f"chunk_prep {r['precision']:>9} x{r['value_heads_per_program']} heads: {r['registers']} registers, "
               f"{r['spill_store_bytes']}/{r['spill_load_bytes']} B spilled")
 
 
