@@ -621,6 +621,7 @@ def replay_verify_kernel(
     )  # fmt: skip
     auto_chunk, auto_stages = key_chunking(BV, BK)
     BKC = min(key_chunk or auto_chunk, BK)
+    # launch_config capped this launch (a deep grid): the key-chunked tf32 build takes its own, lower cap.
     if auto_launch and auto_registers and BKC < BK and precision == "tf32":
         tile_args["maxnreg"] = KEY_CHUNK_MAX_REGISTERS
     _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
