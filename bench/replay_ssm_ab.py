@@ -1,0 +1,166 @@
+"""A/B of ReplaySSM kernel variants in one device call: each checked against float64, then timed in interleaved rounds.
+
+A variant is a copy of ``ocria/plugins/replay_ssm/kernel.py`` (the committed file, or one with a patch from
+``bench/results`` applied) plus module attributes and environment variables set while its rows run. Each variant
+loads its file as a module of its own, so settings never leak between variants; rows use ``replay_ssm.bench_row``
+(graph-timed, rotating slot sets, no baselines) and ``replay_ssm.check_correctness``.
+
+    cp ocria/plugins/replay_ssm/kernel.py /tmp/fused.py
+    patch /tmp/fused.py bench/results/replay_ssm_s20_fused_prep.patch
+    python bench/replay_ssm_ab.py --variant head=ocria/plugins/replay_ssm/kernel.py \
+        --variant fused96=/tmp/fused.py:FUSED_MAX_REGISTERS=96 \
+        --variant pdl=ocria/plugins/replay_ssm/kernel.py:env.OCRIA_PDL=1 \
+        --rows 8x16 32x16 --rounds 2 --out bench/results/replay_ssm_ab.json
+CPU smoke run (Triton interpreter, tiny heads, no timing worth reading):
+    TRITON_INTERPRET=1 python bench/replay_ssm_ab.py --device cpu --heads 2 4 32 --rows 2x3 --rounds 1 \
+        --check-batches 3 --rotate-mib 0 --variant head=ocria/plugins/replay_ssm/kernel.py --out /tmp/ab.json
+"""
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import importlib.util
+import os
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # replay_ssm.py and timing.py, also when loaded by path (tests)
+import replay_ssm as RB  # noqa: E402
+from timing import copy_bandwidth, save_json  # noqa: E402
+
+ENV_PREFIX = "env."
+
+
+@dataclass
+class Variant:
+    name: str
+    path: str
+    attrs: dict[str, int | float | str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    module: ModuleType | None = None
+
+
+def _value(text: str) -> int | float | str:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_variant(spec: str) -> Variant:
+    """``name=path[:KEY=value;KEY=value]``; a key ``env.NAME`` sets environment variable NAME, not an attribute."""
+    name, sep, rest = spec.partition("=")
+    if not sep or not name or not rest:
+        raise SystemExit(f"--variant {spec!r}: use name=path[:KEY=value;...]")
+    path, _, settings = rest.partition(":")
+    if not os.path.isfile(path):
+        raise SystemExit(f"--variant {name}: no kernel file at {path}")
+    variant = Variant(name, path)
+    for item in filter(None, settings.split(";")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--variant {name}: setting {item!r} is not KEY=value")
+        if key.startswith(ENV_PREFIX):
+            variant.env[key.removeprefix(ENV_PREFIX)] = value
+        else:
+            variant.attrs[key] = _value(value)
+    return variant
+
+
+def load(variant: Variant) -> None:
+    """The variant's kernel file as a fresh module, its attributes set (each must already exist: a typo fails)."""
+    spec = importlib.util.spec_from_file_location(f"replay_ssm_variant_{variant.name}", variant.path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for key, value in variant.attrs.items():
+        if not hasattr(module, key):
+            raise SystemExit(f"--variant {variant.name}: {variant.path} has no attribute {key}")
+        setattr(module, key, value)
+    variant.module = module
+
+
+@contextlib.contextmanager
+def active(variant: Variant):
+    """``replay_ssm``'s rows run the variant's kernels with its environment; the environment is restored after."""
+    saved = {k: os.environ.get(k) for k in variant.env}
+    os.environ.update(variant.env)
+    RB.K = variant.module
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", action="append", required=True, help="name=path[:KEY=value;env.NAME=value;...]")
+    p.add_argument("--rows", nargs="+", default=["8x16", "32x16", "64x16"], help="BATCHxT")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--check-batches", nargs="*", type=int, default=[5, 40],
+                   help="batch sizes of the float64 check (40 at Qwen3.5 heads is a deep grid)")
+    p.add_argument("--heads", nargs=3, type=int, default=[16, 32, 128], metavar=("HK", "HV", "D"))
+    p.add_argument("--rotate-mib", type=int, default=1024)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    try:
+        rows = [tuple(int(x) for x in r.split("x")) for r in args.rows]
+    except ValueError:
+        raise SystemExit(f"--rows {args.rows}: use BATCHxT, e.g. 32x16") from None
+    variants = [parse_variant(s) for s in args.variant]
+    if len({v.name for v in variants}) != len(variants):
+        raise SystemExit("--variant names must be distinct")
+    for v in variants:
+        load(v)
+    heads = tuple(args.heads)
+    result = dict(
+        date=str(datetime.date.today()), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        command="python " + shlex.join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
+        torch=torch.__version__,
+        variants=[dict(name=v.name, path=v.path, sha256=hashlib.sha256(open(v.path, "rb").read()).hexdigest(),
+                       attrs=v.attrs, env=v.env) for v in variants],
+        correctness={}, rows=[],
+    )  # fmt: skip
+    bw = copy_bandwidth() if device.type == "cuda" else 1e12  # CPU: nominal, so the floor arithmetic runs
+    result["copy_bandwidth_GBps"] = bw / 1e9
+    for v in variants:
+        with active(v):
+            result["correctness"][v.name] = {
+                str(B): RB.check_correctness(heads, device, {}, steps=4, B=B) for B in args.check_batches
+            }
+    for r in range(args.rounds):
+        for B, T in rows:
+            for v in variants:
+                with active(v):
+                    row = RB.bench_row(B, T, heads, torch.bfloat16, device, bw, {}, None, args.rotate_mib << 20,
+                                       baselines=False)  # fmt: skip
+                result["rows"].append(dict(row, variant=v.name, round=r))
+                print(f"round {r} batch {B:3d} T {T:2d} {v.name:>16}: {row['ours_us']:8.2f} us "
+                      f"({row['ours_over_floor']:.3f}x floor)", flush=True)  # fmt: skip
+    save_json(result, args.out)
+    print(f"\n{'variant':>16} {'B':>3} {'T':>3} {'median us':>10} {'x floor':>8}  worst bf16 output / state error")
+    for B, T in rows:
+        for v in variants:
+            mine = [x for x in result["rows"] if x["variant"] == v.name and (x["batch"], x["T"]) == (B, T)]
+            us = statistics.median(x["ours_us"] for x in mine)
+            errs = [c["bfloat16"] for c in result["correctness"][v.name].values()]
+            print(f"{v.name:>16} {B:3d} {T:3d} {us:10.2f} {us / mine[0]['floor_us']:8.3f}  "
+                  f"{max(e['output'] for e in errs):.1e} / {max(e['state'] for e in errs):.1e}")
+
+
+if __name__ == "__main__":
+    main()
