@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     device = torch.device(args.device)
     try:
-        rows = [tuple(int(x) for x in r.split("x")) for r in args.rows]
+        rows = [(int(b), int(t)) for b, t in (r.split("x") for r in args.rows)]
     except ValueError:
         raise SystemExit(f"--rows {args.rows}: use BATCHxT, e.g. 32x16") from None
     variants = [parse_variant(s) for s in args.variant]
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
         date=str(datetime.date.today()), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         command="python " + shlex.join([sys.argv[0], *(sys.argv[1:] if argv is None else argv)]),
         torch=torch.__version__,
-        variants=[dict(name=v.name, path=v.path, sha256=hashlib.sha256(open(v.path, "rb").read()).hexdigest(),
+        variants=[dict(name=v.name, path=v.path, sha256=hashlib.sha256(Path(v.path).read_bytes()).hexdigest(),
                        attrs=v.attrs, env=v.env) for v in variants],
         correctness={}, rows=[],
     )  # fmt: skip
@@ -158,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
             mine = [x for x in result["rows"] if x["variant"] == v.name and (x["batch"], x["T"]) == (B, T)]
             us = statistics.median(x["ours_us"] for x in mine)
             errs = [c["bfloat16"] for c in result["correctness"][v.name].values()]
-            print(f"{v.name:>16} {B:3d} {T:3d} {us:10.2f} {us / mine[0]['floor_us']:8.3f}  "
-                  f"{max(e['output'] for e in errs):.1e} / {max(e['state'] for e in errs):.1e}")
+            worst = f"{max(e['output'] for e in errs):.1e} / {max(e['state'] for e in errs):.1e}" if errs else "-"
+            print(f"{v.name:>16} {B:3d} {T:3d} {us:10.2f} {us / mine[0]['floor_us']:8.3f}  {worst}")
 
 
 if __name__ == "__main__":

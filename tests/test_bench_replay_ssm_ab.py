@@ -49,6 +49,11 @@ def test_bad_variant_specs_are_refused(spec, message):
         _load().parse_variant(spec)
 
 
+def test_bad_rows_are_refused(tmp_path):
+    with pytest.raises(SystemExit, match="use BATCHxT"):
+        _load().main(["--device", "cpu", "--rows", "2x3x4", "--variant", f"head={KERNEL}", "--out", str(tmp_path)])
+
+
 def test_an_unknown_attribute_is_refused():
     ab = _load()
     with pytest.raises(SystemExit, match="has no attribute KEY_CHUNKS"):
