@@ -80,7 +80,10 @@ def load(variant: Variant) -> None:
     """The variant's kernel file as a fresh module, its attributes set (each must already exist: a typo fails)."""
     spec = importlib.util.spec_from_file_location(f"replay_ssm_variant_{variant.name}", variant.path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a broken patch: say which variant, not where inside the import machinery
+        raise SystemExit(f"--variant {variant.name}: {variant.path} does not load: {type(e).__name__}: {e}") from None
     for key, value in variant.attrs.items():
         if not hasattr(module, key):
             raise SystemExit(f"--variant {variant.name}: {variant.path} has no attribute {key}")
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
         rows = [(int(b), int(t)) for b, t in (r.split("x") for r in args.rows)]
     except ValueError:
         raise SystemExit(f"--rows {args.rows}: use BATCHxT, e.g. 32x16") from None
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}: use at least 1")
     variants = [parse_variant(s) for s in args.variant]
     if len({v.name for v in variants}) != len(variants):
         raise SystemExit("--variant names must be distinct")

@@ -5,19 +5,16 @@ like bf16 logits of the ar (T=1) and verify (T=16) paths: an oracle table taken 
 rejected after the first flip, the fixed point of the verify path is accepted block after block.
 """
 
-import importlib.util
 import io
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+from bench_scripts import load_bench
 
 from ocria.data import generate
 
-_spec = importlib.util.spec_from_file_location("bench_e2e", Path(__file__).parents[1] / "bench" / "e2e.py")
-e2e = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(e2e)
+e2e = load_bench("e2e")
 
 V, BLOCK, START, TOKENS = 97, 16, 5, 40
 

@@ -1,23 +1,13 @@
 """bench/path_noise.py --layers on the shipped bf16 engine (CPU): the ar path (T=1 steps) and the verify path
 (block-wide steps) of the same teacher-forced answer part only by fp32 rounding, in every decoder layer."""
 
-import importlib.util
-from pathlib import Path
+from bench_scripts import load_bench
 
 from ocria.builder.engine import build_engine
 
-BENCH = Path(__file__).parents[1] / "bench"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # the bench scripts put their own folder on sys.path
-    return module
-
 
 def test_layer_noise_of_the_bf16_engine_is_fp32_rounding(tmp_path):
-    path_noise = _load("path_noise")
+    path_noise = load_bench("path_noise")
     engine = build_engine(tmp_path / "engine", progress=False)
     (row,) = path_noise.layer_noise(str(engine), "cpu", [0])
     names = [layer["module"] for layer in row["layers"]]

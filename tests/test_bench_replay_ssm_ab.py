@@ -1,22 +1,19 @@
 """bench/replay_ssm_ab.py on CPU (Triton interpreter, tiny heads): every variant is checked against float64 and timed,
 its settings apply to it alone, and a bad variant is refused before anything runs."""
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import pytest
+from bench_scripts import load_bench
 
-ROOT = Path(__file__).parents[1]
-KERNEL = str(ROOT / "ocria" / "plugins" / "replay_ssm" / "kernel.py")
+from ocria.plugins.replay_ssm import kernel
+
+KERNEL = kernel.__file__
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_replay_ssm_ab", ROOT / "bench" / "replay_ssm_ab.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("replay_ssm_ab")
 
 
 def test_variants_are_checked_timed_and_keep_their_settings_to_themselves(tmp_path, monkeypatch):
@@ -34,6 +31,7 @@ def test_variants_are_checked_timed_and_keep_their_settings_to_themselves(tmp_pa
         errors = result["correctness"][name]["2"]
         assert errors["float32"]["output"] < 1e-5 and errors["bfloat16"]["output"] < 1e-2
     assert "OCRIA_PDL" not in os.environ  # the variant's environment was put back
+    assert kernel.KEY_CHUNK == 32  # and its attribute went to its own copy of the kernel module
 
 
 @pytest.mark.parametrize(
@@ -49,12 +47,19 @@ def test_bad_variant_specs_are_refused(spec, message):
         _load().parse_variant(spec)
 
 
-def test_bad_rows_are_refused(tmp_path):
-    with pytest.raises(SystemExit, match="use BATCHxT"):
-        _load().main(["--device", "cpu", "--rows", "2x3x4", "--variant", f"head={KERNEL}", "--out", str(tmp_path)])
+@pytest.mark.parametrize(
+    ("option", "message"), [(["--rows", "2x3x4"], "use BATCHxT"), (["--rounds", "0"], "at least 1")]
+)
+def test_bad_rows_or_rounds_are_refused(tmp_path, option, message):
+    with pytest.raises(SystemExit, match=message):
+        _load().main(["--device", "cpu", *option, "--variant", f"head={KERNEL}", "--out", str(tmp_path)])
 
 
-def test_an_unknown_attribute_is_refused():
+def test_an_unknown_attribute_or_a_broken_kernel_file_is_refused(tmp_path):
     ab = _load()
     with pytest.raises(SystemExit, match="has no attribute KEY_CHUNKS"):
         ab.load(ab.parse_variant(f"x={KERNEL}:KEY_CHUNKS=16"))
+    broken = tmp_path / "kernel.py"
+    broken.write_text("def replay_verify_kernel(:\n")
+    with pytest.raises(SystemExit, match="does not load: SyntaxError"):
+        ab.load(ab.parse_variant(f"x={broken}"))
