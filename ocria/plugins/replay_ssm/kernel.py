@@ -119,6 +119,13 @@ def _tril_inverse(kk, gc, beta, TP: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
+def _slot_position(slot_ptr, ring_phase_ptr, pending_ptr, i_b):
+    """Batch row i_b's state slot (int64), the ring half that holds its pending tokens, and their count."""
+    slot = tl.load(slot_ptr + i_b).to(tl.int64)
+    return slot, tl.load(ring_phase_ptr + slot).to(tl.int64), tl.load(pending_ptr + slot)
+
+
+@triton.jit
 def _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV: tl.constexpr, DV: tl.constexpr):
     """What folding the n pending tokens at ring rows ``tok`` needs besides their keys: the total log-decay and their
     writes U^T [BV, TP] (parked by the step that verified them, from this very state, so the fold is one rank-n
@@ -217,9 +224,7 @@ def _replay_sequential_kernel(
     rk = tl.arange(0, BK)
     rv = i_v * BV + tl.arange(0, BV)
     mk, mv = rk < DK, rv < DV
-    slot = tl.load(slot_ptr + i_b).to(tl.int64)
-    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
-    n = tl.load(pending_ptr + slot)
+    slot, phase, n = _slot_position(slot_ptr, ring_phase_ptr, pending_ptr, i_b)
     s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
     St = tl.load(s_ptrs, mask=mv[:, None] & mk[None, :], other=0.0)
     tok = (slot * 2 + phase) * Tmax
@@ -271,9 +276,7 @@ def _verify_one_kernel(
         k1, q1, v1, a1, b1 = _load_one_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, i_b, i_h, hk, sq, sk, sv, sa, sb,
                                              rk, rv, mk, mv, DK, DV)  # fmt: skip
 
-    slot = tl.load(slot_ptr + i_b).to(tl.int64)
-    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
-    n = tl.load(pending_ptr + slot)
+    slot, phase, n = _slot_position(slot_ptr, ring_phase_ptr, pending_ptr, i_b)
     s_ptrs = state_ptr + ((slot * HV + i_h) * DK + rk[None, :]) * DV + rv[:, None]
     St = tl.load(s_ptrs, mask=ms, other=0.0)
     tok = (slot * 2 + phase) * Tmax
@@ -371,9 +374,7 @@ def _verify_block_kernel(
     mt = rt < T
     mvt = mv[:, None] & mt[None, :]
     row = (i_b * T + rt).to(tl.int64)
-    slot = tl.load(slot_ptr + i_b).to(tl.int64)
-    phase = tl.load(ring_phase_ptr + slot).to(tl.int64)
-    n = tl.load(pending_ptr + slot)
+    slot, phase, n = _slot_position(slot_ptr, ring_phase_ptr, pending_ptr, i_b)
     tok = (slot * 2 + phase) * Tmax + rt
     g_tot, UwT = _pending_writes(ring_u_ptr, ring_g_ptr, tok, n, i_h, rt, rv, mv, HV, DV)
     written = _state_written(rv, n, DV)
