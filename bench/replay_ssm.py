@@ -136,6 +136,14 @@ def _time_us(calls, device, reps=15):
     return statistics.median(times), method
 
 
+def parse_rows(rows: list[str]) -> list[tuple[int, int]]:
+    """``--rows`` given as BATCHxT strings, as (batch, T) pairs; anything else is refused with a one-line message."""
+    try:
+        return [(int(b), int(t)) for b, t in (r.split("x") for r in rows)]
+    except ValueError:
+        raise SystemExit(f"--rows {rows}: use BATCHxT, e.g. 32x16") from None
+
+
 def make_buffers(n_slots, Hk, Hv, Dk, Dv, Tmax, C, KW, device, gen, pending):
     def rnd(*s):
         return torch.randn(*s, device=device, generator=gen)

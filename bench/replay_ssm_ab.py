@@ -120,10 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     device = torch.device(args.device)
-    try:
-        rows = [(int(b), int(t)) for b, t in (r.split("x") for r in args.rows)]
-    except ValueError:
-        raise SystemExit(f"--rows {args.rows}: use BATCHxT, e.g. 32x16") from None
+    rows = RB.parse_rows(args.rows)
     if args.rounds < 1:
         raise SystemExit(f"--rounds {args.rounds}: use at least 1")
     variants = [parse_variant(s) for s in args.variant]

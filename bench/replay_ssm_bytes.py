@@ -96,10 +96,9 @@ def floor_bytes_kernel(q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, rin
         block_v, warps, BKC, stages = tiling
         max_registers = None
     else:
-        block_v, warps, max_registers = K.launch_config(B, Hv, Dv, K._sm_count(v.device))
+        block_v, warps, deep_cap = K.launch_config(B, Hv, Dv, K._sm_count(v.device))
         BKC, stages = K.key_chunking(block_v, BK)
-        if max_registers and BKC < BK and v.dtype != torch.float32:
-            max_registers = K.KEY_CHUNK_MAX_REGISTERS
+        max_registers = K.block_registers(deep_cap, BKC, BK, K.DOT_PRECISION[v.dtype])
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     _floor_bytes_kernel[(triton.cdiv(Dv, block_v), Hv, B)](
         q, k, v, a, b, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids, o, T, ring_k.shape[2],
@@ -145,10 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    try:
-        rows = [(int(b), int(t)) for b, t in (r.split("x") for r in args.rows)]
-    except ValueError:
-        raise SystemExit(f"--rows {args.rows}: use BATCHxT, e.g. 32x16") from None
+    rows = RB.parse_rows(args.rows)
     try:
         tilings = [tuple(int(x) for x in t.split("x")) for t in args.tilings]
     except ValueError:

@@ -550,6 +550,14 @@ def key_chunking(block_v: int, block_k: int) -> tuple[int, int]:
     return KEY_CHUNK, 3
 
 
+def block_registers(deep_cap: int | None, key_chunk: int, block_k: int, precision: str) -> int | None:
+    """Register cap of a T > 1 block-kernel launch that ``launch_config`` capped at ``deep_cap`` (None: uncapped):
+    the key-chunked tf32 build takes ``KEY_CHUNK_MAX_REGISTERS``, every other build the deep-grid cap."""
+    if deep_cap and key_chunk < block_k and precision == "tf32":
+        return KEY_CHUNK_MAX_REGISTERS
+    return deep_cap
+
+
 def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
@@ -622,9 +630,8 @@ def replay_verify_kernel(
     )  # fmt: skip
     auto_chunk, auto_stages = key_chunking(BV, BK)
     BKC = min(key_chunk or auto_chunk, BK)
-    # launch_config capped this launch (a deep grid): the key-chunked tf32 build takes its own, lower cap.
-    if auto_launch and auto_registers and BKC < BK and precision == "tf32":
-        tile_args["maxnreg"] = KEY_CHUNK_MAX_REGISTERS
+    if auto_launch and auto_registers:  # launch_config capped this launch (a deep grid)
+        tile_args["maxnreg"] = block_registers(auto_registers, BKC, BK, precision)
     _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
                                BKC=BKC, STAGES=stages or auto_stages, OVERLAP=overlap,
                                **tile_args, **pdl_args(v.device, overlap))  # fmt: skip
