@@ -1,8 +1,9 @@
 """bench/replay_ssm_bytes.py on CPU (Triton interpreter, tiny heads): the bytes kernel reads and writes what the
-floor counts (checked through the values it leaves), and the script writes its rows."""
+floor counts (checked through the values it leaves), the script writes its rows, and malformed options are refused."""
 
 import json
 
+import pytest
 import torch
 from bench_scripts import load_bench
 
@@ -41,3 +42,14 @@ def test_script_writes_rows(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert (row["batch"], row["T"]) == (2, 3)
     assert all(row[f"{n}_us"] > 0 for n in ("ours", "bytes_kernel", "copy")) and row["tilings"]["16x4x16x2"] > 0
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [(["--tilings", "64x4x32"], "use BVxWARPSxCHUNKxSTAGES"), (["--tilings", "64x4xAx3"], "use BVxWARPSxCHUNKxSTAGES"),
+     (["--rows", "8"], "use BATCHxT")],
+)  # fmt: skip
+def test_bad_tilings_or_rows_are_refused(tmp_path, option, message):
+    with pytest.raises(SystemExit, match=message):
+        load_bench("replay_ssm_bytes").main(["--device", "cpu", "--heads", "2", "4", "32", "--rows", "2x3",
+                                             "--rotate-mib", "0", *option, "--out", str(tmp_path / "x.json")])
