@@ -23,14 +23,16 @@ import datetime
 import json
 import shlex
 import sys
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from timing import copy_bandwidth, save_json, time_calls
 
 from ocria.plugins import numerics as nx
+from ocria.plugins.silu_quant import kernel as kernel_module
 from ocria.plugins.silu_quant import quantize_act_reference, silu_mul_quant, silu_mul_quant_reference
-from ocria.plugins.silu_quant.kernel import default_config, quantize_act_triton, silu_mul_quant_triton
+from ocria.plugins.silu_quant.kernel import default_config, silu_mul_quant_triton
 
 ROTATE_BYTES = 256 << 20
 MODES = ("bf16", "fp8_static", "fp8_dynamic", "nvfp4")
@@ -96,7 +98,15 @@ def _mismatches(a, b) -> int:
     return bad
 
 
-def correctness(scales: dict, dev: str) -> list[dict]:
+def correctness(scales: dict, dev: str, kernel: ModuleType | None = None) -> list[dict]:
+    """Mismatching bytes against the reference per input and mode; ``kernel``: a variant of the kernel module
+    (bench/silu_quant_ab.py), called directly instead of through the operator."""
+    K = kernel or kernel_module
+    if kernel is None:
+        def fused(x, mode, s):
+            return silu_mul_quant(x, mode, s, use_kernel=True)
+    else:
+        fused = kernel.silu_mul_quant_triton
     rows = []
     gate = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(-1, 512).to(dev)
     up = (torch.randn(gate.shape, device=dev) * 2).to(torch.bfloat16)
@@ -111,32 +121,37 @@ def correctness(scales: dict, dev: str) -> list[dict]:
     ties = torch.cat([torch.full((1, 256), 32.0, device=dev), ties_up], dim=-1).to(torch.bfloat16)
     # Narrow rows: tiles of 16..64 columns, where a thread may hold a single element (the paired bf16 rounding).
     narrow = [(f"random_3x{w}", (torch.randn(3, 2 * w, device=dev) * 3).to(torch.bfloat16)) for w in (16, 48)]
-    for name, x in (("every_bf16_gate", every_gate), ("every_bf16_up", every_up), (f"random_{rnd.shape[0]}x{n}", rnd),
+    name_rnd = f"random_{rnd.shape[0]}x{n}"
+    for name, x in (("every_bf16_gate", every_gate), ("every_bf16_up", every_up), (name_rnd, rnd),
                     ("e2m1_ties", ties), *narrow):
         for mode in MODES:
             s = nx.nvfp4_global_scale(torch.tensor(6 * 448.0)).to(dev) if name == "e2m1_ties" and mode == "nvfp4" \
                 else scales[mode]
-            got = silu_mul_quant(x, mode, s, use_kernel=True)
+            got = fused(x, mode, s)
             ref = silu_mul_quant_reference(x, mode, s)
             rows.append({"input": name, "mode": mode, "elements": x.numel() // 2, "mismatches": _mismatches(got, ref)})
             if mode == "fp8_dynamic":  # both per-token designs, whichever the default is
                 for label, cfg in ONE_AND_TWO_PASS.items():
                     rows.append({"input": f"{name}_{label}", "mode": mode, "elements": x.numel() // 2,
-                                 "mismatches": _mismatches(silu_mul_quant_triton(x, mode, None, cfg), ref)})
+                                 "mismatches": _mismatches(K.silu_mul_quant_triton(x, mode, None, cfg), ref)})
             if name in ("every_bf16_gate", "every_bf16_up") and dev == "cuda":  # the approximate silu's complete check
-                cfg = {**default_config(mode, x.shape[0], 512), "fast_silu": True}
+                cfg = {**K.default_config(mode, x.shape[0], 512), "fast_silu": True}
                 rows.append({"input": f"{name}_fast_silu", "mode": mode, "elements": x.numel() // 2,
-                             "mismatches": _mismatches(silu_mul_quant_triton(x, mode, s, cfg), ref)})
+                             "mismatches": _mismatches(K.silu_mul_quant_triton(x, mode, s, cfg), ref)})
     # Every bf16 value as the activation itself (no silu): the quantizer alone, several scales.
     every = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(-1, 512).to(dev)
     for mode, svals in (("fp8_static", [0.02, 1.0, 3.7e-3, 117.0]), ("fp8_dynamic", [None]),
-                        ("nvfp4", [1e-3, 0.37, 52.0])):
+                        ("nvfp4", [1e-3, 0.37, 52.0, 100.0, 1e-19])):  # the last two: outside [2^-60, 64]
         for sv in svals:
             s = None if sv is None else torch.tensor([sv], device=dev)
-            got = quantize_act_triton(every, mode, s)
+            got = K.quantize_act_triton(every, mode, s)
             ref = quantize_act_reference(every, mode, s)
             rows.append({"input": f"every_bf16_value_scale_{sv}", "mode": mode, "elements": every.numel(),
                          "mismatches": _mismatches(got, ref)})
+    for sv in (100.0, 1e-19):  # NVFP4 from gate_up under global scales outside [2^-60, 64]
+        s = torch.tensor([sv], device=dev)
+        rows.append({"input": f"{name_rnd}_scale_{sv}", "mode": "nvfp4", "elements": rnd.numel() // 2,
+                     "mismatches": _mismatches(fused(rnd, "nvfp4", s), silu_mul_quant_reference(rnd, "nvfp4", s))})
     # fp32 activations at every E4M3 midpoint and next to it (the hardware convert's ties), scale 1.
     vals = torch.arange(0, 0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     mids = torch.cat([vals, (vals[1:] + vals[:-1]) / 2, torch.tensor([448.0, 460.0, 464.0, 470.0, 1e9])])
@@ -146,7 +161,7 @@ def correctness(scales: dict, dev: str) -> list[dict]:
     for sv in (1.0, 0.5):
         s = torch.tensor([sv], device=dev)
         rows.append({"input": f"fp32_e4m3_ties_scale_{sv}", "mode": "fp8_static", "elements": pts.numel(),
-                     "mismatches": _mismatches(quantize_act_triton(pts, "fp8_static", s),
+                     "mismatches": _mismatches(K.quantize_act_triton(pts, "fp8_static", s),
                                                quantize_act_reference(pts, "fp8_static", s))})
     return rows
 

@@ -1,0 +1,30 @@
+"""bench/silu_quant_ab.py's options on CPU: malformed variants and rows are refused with a one-line message before
+any kernel runs (the A/B itself needs the GPU)."""
+
+from pathlib import Path
+
+import pytest
+from bench_scripts import load_bench
+
+KERNEL = Path(__file__).parents[1] / "ocria" / "plugins" / "silu_quant" / "kernel.py"
+
+
+def test_rows_parse_tokens_by_width():
+    assert load_bench("silu_quant_ab").parse_rows(["1024x6144", "16x48"]) == [(1024, 6144), (16, 48)]
+
+
+@pytest.mark.parametrize("spec", ["1024", "1024x100", "0x6144", "ax16"])
+def test_bad_rows_are_refused(spec):
+    with pytest.raises(SystemExit, match="use TOKENSxWIDTH"):
+        load_bench("silu_quant_ab").parse_rows([spec])
+
+
+@pytest.mark.parametrize(
+    ("variants", "message"),
+    [(["head"], "use name=path"), (["head=/no/such/kernel.py"], "no kernel file"),
+     ([f"a={KERNEL}", f"a={KERNEL}"], "names must differ")],
+)  # fmt: skip
+def test_bad_variants_are_refused(tmp_path, variants, message):
+    argv = [a for v in variants for a in ("--variant", v)] + ["--out", str(tmp_path / "ab.json")]
+    with pytest.raises(SystemExit, match=message):
+        load_bench("silu_quant_ab").main(argv)
