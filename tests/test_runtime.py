@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from ocria.builder.engine import build_engine
 from ocria.errors import OcriaError
@@ -189,10 +190,13 @@ def test_incremental_detokenizer_multibyte(engine):
 
 
 def test_spec_equals_ar_with_triton_plugins(engine, tmp_path):
-    """The same losslessness with the ReplaySSM Triton kernels (Triton's interpreter on CPU)."""
+    """The same losslessness with the ReplaySSM Triton kernels (Triton's interpreter on CPU). The example at half
+    size (77 prompt tokens, not 150): the interpreter's prefill is most of this test's time."""
     plugged = load_engine(engine.root, use_plugins=True)
     assert plugged.plugins == "triton"
-    prompt, params = requests(plugged, 1, 0.0)[0]
+    params = requests(plugged, 1, 0.0)[0][1]
+    with Image.open(EXAMPLES[0]) as image:
+        prompt = plugged.processor.prepare(image.resize((image.width // 2, image.height // 2)), None)
     params = SamplingParams(**{**params.__dict__, "max_tokens": 10})
     ref = run_alone(engine, prompt, SamplingParams(**{**params.__dict__, "mode": "ar"}))
     assert run_alone(plugged, prompt, SamplingParams(**{**params.__dict__, "mode": "ar"})) == ref
