@@ -20,91 +20,25 @@ import argparse
 import contextlib
 import datetime
 import hashlib
-import importlib.util
-import os
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # replay_ssm.py and timing.py, also when loaded by path (tests)
 import replay_ssm as RB  # noqa: E402
+from kernel_variants import Variant, environment, load, parse_variant  # noqa: E402
 from timing import copy_bandwidth, save_json  # noqa: E402
-
-ENV_PREFIX = "env."
-
-
-@dataclass
-class Variant:
-    name: str
-    path: str
-    attrs: dict[str, int | float | str] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    module: ModuleType | None = None
-
-
-def _value(text: str) -> int | float | str:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_variant(spec: str) -> Variant:
-    """``name=path[:KEY=value;KEY=value]``; a key ``env.NAME`` sets environment variable NAME, not an attribute."""
-    name, sep, rest = spec.partition("=")
-    if not sep or not name or not rest:
-        raise SystemExit(f"--variant {spec!r}: use name=path[:KEY=value;...]")
-    path, _, settings = rest.partition(":")
-    if not os.path.isfile(path):
-        raise SystemExit(f"--variant {name}: no kernel file at {path}")
-    variant = Variant(name, path)
-    for item in filter(None, settings.split(";")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--variant {name}: setting {item!r} is not KEY=value")
-        if key.startswith(ENV_PREFIX):
-            variant.env[key.removeprefix(ENV_PREFIX)] = value
-        else:
-            variant.attrs[key] = _value(value)
-    return variant
-
-
-def load(variant: Variant) -> None:
-    """The variant's kernel file as a fresh module, its attributes set (each must already exist: a typo fails)."""
-    spec = importlib.util.spec_from_file_location(f"replay_ssm_variant_{variant.name}", variant.path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # a broken patch: say which variant, not where inside the import machinery
-        raise SystemExit(f"--variant {variant.name}: {variant.path} does not load: {type(e).__name__}: {e}") from None
-    for key, value in variant.attrs.items():
-        if not hasattr(module, key):
-            raise SystemExit(f"--variant {variant.name}: {variant.path} has no attribute {key}")
-        setattr(module, key, value)
-    variant.module = module
 
 
 @contextlib.contextmanager
 def active(variant: Variant):
     """``replay_ssm``'s rows run the variant's kernels with its environment; the environment is restored after."""
-    saved = {k: os.environ.get(k) for k in variant.env}
-    os.environ.update(variant.env)
-    RB.K = variant.module
-    try:
+    with environment(variant.env):
+        RB.K = variant.module
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,11 +1,13 @@
 """A/B of SiLU-quant kernel variants in one device call: each checked byte for byte, then timed in interleaved rounds.
 
 A variant is a copy of ``ocria/plugins/silu_quant/kernel.py`` (the committed file, or one a patch from
-``bench/results`` was applied to), loaded as a module of its own. Each variant first runs bench/silu_quant.py's
-correctness inputs (every bf16 gate and up value, random rows with NaN/inf/zero blocks, E2M1 ties, every bf16 value
-as the activation under several scales) against the PyTorch reference; a variant with a mismatching byte is not
-timed. Rows (tokens x width) are then timed like bench/silu_quant.py's table (a CUDA graph over rotating input
-copies, the kernel's default config), variants interleaved round by round, and reported against the bytes floor.
+``bench/results`` was applied to) with module attributes and environment variables of its own,
+``name=path[:KEY=value;env.NAME=value]`` as in bench/replay_ssm_ab.py (``bench/kernel_variants.py``). Each variant
+first runs bench/silu_quant.py's correctness inputs (every bf16 gate and up value, random rows with NaN/inf/zero
+blocks, E2M1 ties, every bf16 value as the activation under several scales) against the PyTorch reference; a variant
+with a mismatching byte is not timed. Rows (tokens x width) are then timed like bench/silu_quant.py's table (a CUDA
+graph over rotating input copies, the kernel's default config), variants interleaved round by round, and reported
+against the bytes floor.
 
     git show HEAD:ocria/plugins/silu_quant/kernel.py > /tmp/head.py
     python bench/silu_quant_ab.py --variant head=/tmp/head.py --variant new=ocria/plugins/silu_quant/kernel.py \
@@ -14,31 +16,19 @@ copies, the kernel's default config), variants interleaved round by round, and r
 
 import argparse
 import datetime
-import importlib.util
-import os
 import shlex
 import statistics
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # silu_quant.py and timing.py, also when loaded by path (tests)
 import silu_quant as SQ  # noqa: E402
+from kernel_variants import environment, load, parse_variant  # noqa: E402
 from timing import copy_bandwidth, save_json, time_calls  # noqa: E402
 
 from ocria.plugins import numerics as nx  # noqa: E402
-
-
-def parse_variant(spec: str) -> tuple[str, str]:
-    """``name=path`` of a kernel file."""
-    name, sep, path = spec.partition("=")
-    if not sep or not name or not path:
-        raise SystemExit(f"--variant {spec!r}: use name=path")
-    if not os.path.isfile(path):
-        raise SystemExit(f"--variant {name}: no kernel file at {path}")
-    return name, path
 
 
 def parse_rows(specs: list[str]) -> list[tuple[int, int]]:
@@ -52,66 +42,66 @@ def parse_rows(specs: list[str]) -> list[tuple[int, int]]:
     return rows
 
 
-def load(name: str, path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"silu_quant_variant_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--variant", action="append", required=True, help="name=path of a kernel.py copy")
+    ap.add_argument("--variant", action="append", required=True,
+                    help="name=path[:KEY=value;env.NAME=value;...] of a kernel.py copy")
     ap.add_argument("--mode", choices=SQ.MODES, default="nvfp4")
     ap.add_argument("--rows", nargs="+", default=["1024x6144", "1024x12288", "1024x18944", "4096x12288"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    variants = dict(parse_variant(v) for v in args.variant)
-    if len(variants) != len(args.variant):
+    variants = [parse_variant(v) for v in args.variant]
+    if len({v.name for v in variants}) != len(variants):
         raise SystemExit("--variant names must differ")
+    for v in variants:
+        load(v)
     rows = parse_rows(args.rows)
     if not torch.cuda.is_available():
         raise SystemExit("silu_quant_ab.py times kernels on a CUDA device; none is visible")
     torch.manual_seed(0)
     scales = {"bf16": None, "fp8_static": torch.tensor([0.02], device="cuda"), "fp8_dynamic": None,
               "nvfp4": nx.nvfp4_global_scale(torch.tensor(12.0)).to("cuda")}
-    modules, checks = {}, {}
-    for name, path in variants.items():
-        modules[name] = load(name, path)
-        checks[name] = SQ.correctness(scales, "cuda", modules[name])
-        bad = sum(c["mismatches"] for c in checks[name])
-        print(f"{name}: {path}, {bad} mismatching bytes over {len(checks[name])} checks")
-    exact = [n for n in variants if all(c["mismatches"] == 0 for c in checks[n])]
+    checks = {}
+    for v in variants:
+        with environment(v.env):
+            checks[v.name] = SQ.correctness(scales, "cuda", v.module)
+        bad = sum(c["mismatches"] for c in checks[v.name])
+        print(f"{v.name}: {v.path}, {bad} mismatching bytes over {len(checks[v.name])} checks")
+    exact = [v for v in variants if all(c["mismatches"] == 0 for c in checks[v.name])]
     bw = copy_bandwidth()
-    times: dict[str, dict[str, list[float]]] = {n: {} for n in exact}
+    times: dict[str, dict[str, list[float]]] = {v.name: {} for v in exact}
     s = scales[args.mode]
     for m, n in rows:
         copies = max(1, min(64, -(-SQ.ROTATE_BYTES // (m * 4 * n))))
         xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
         for _ in range(args.rounds):
-            for name in exact:
-                K = modules[name]
-                fns = [lambda x=x, K=K: K.silu_mul_quant_triton(x, args.mode, s) for x in xs]
-                times[name].setdefault(f"{m}x{n}", []).append(time_calls(fns, 20))
+            for v in exact:
+                fns = [lambda x=x, K=v.module: K.silu_mul_quant_triton(x, args.mode, s) for x in xs]
+                with environment(v.env):
+                    times[v.name].setdefault(f"{m}x{n}", []).append(time_calls(fns, 20))
         del xs
     table = []
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
-    print(f"{'row':>12} {'floor µs':>9} " + " ".join(f"{n:>16}" for n in exact))
+    names = [v.name for v in exact]
+    print(f"{'row':>12} {'floor µs':>9} " + " ".join(f"{n:>16}" for n in names))
     for m, n in rows:
         key = f"{m}x{n}"
         floor = (m * 2 * n * 2 + SQ.out_bytes(m, n, args.mode)) / bw * 1e6
         row = {"row": key, "floor_us": floor}
-        for name in exact:
+        for name in names:
             med = statistics.median(times[name][key])
             row[name] = {"us": times[name][key], "median_us": med, "x_floor": med / floor}
         table.append(row)
         print(f"{key:>12} {floor:9.2f} " + " ".join(
-            f"{row[nm]['median_us']:8.2f} ({row[nm]['x_floor']:.2f}x)" for nm in exact))
+            f"{row[nm]['median_us']:8.2f} ({row[nm]['x_floor']:.2f}x)" for nm in names))
     save_json({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
                "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), "mode": args.mode,
-               "copy_bandwidth_TBps": bw / 1e12, "variants": variants, "correctness": checks, "rows": table},
+               "copy_bandwidth_TBps": bw / 1e12,
+               "variants": {v.name: v.path for v in variants},
+               "settings": {v.name: {"attrs": v.attrs, "env": v.env} for v in variants if v.attrs or v.env},
+               "correctness": checks, "rows": table},
               args.out)
 
 

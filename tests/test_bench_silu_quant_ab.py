@@ -1,5 +1,5 @@
-"""bench/silu_quant_ab.py's options on CPU: malformed variants and rows are refused with a one-line message before
-any kernel runs (the A/B itself needs the GPU)."""
+"""bench/silu_quant_ab.py's options on CPU: malformed variants, unknown attributes, kernel files that do not import
+and malformed rows are refused with a one-line message before any kernel runs (the A/B itself needs the GPU)."""
 
 from pathlib import Path
 
@@ -22,9 +22,17 @@ def test_bad_rows_are_refused(spec):
 @pytest.mark.parametrize(
     ("variants", "message"),
     [(["head"], "use name=path"), (["head=/no/such/kernel.py"], "no kernel file"),
-     ([f"a={KERNEL}", f"a={KERNEL}"], "names must differ")],
+     ([f"a={KERNEL}", f"a={KERNEL}"], "names must differ"),
+     ([f"a={KERNEL}:NO_SUCH_SETTING=1"], "has no attribute NO_SUCH_SETTING")],
 )  # fmt: skip
 def test_bad_variants_are_refused(tmp_path, variants, message):
     argv = [a for v in variants for a in ("--variant", v)] + ["--out", str(tmp_path / "ab.json")]
     with pytest.raises(SystemExit, match=message):
         load_bench("silu_quant_ab").main(argv)
+
+
+def test_a_kernel_file_that_does_not_import_is_refused(tmp_path):
+    broken = tmp_path / "kernel.py"
+    broken.write_text("def silu_mul_quant_triton(:\n")
+    with pytest.raises(SystemExit, match="does not load: SyntaxError"):
+        load_bench("silu_quant_ab").main(["--variant", f"x={broken}", "--out", str(tmp_path / "ab.json")])
