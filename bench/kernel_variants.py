@@ -64,6 +64,16 @@ def load(variant: Variant) -> None:
     variant.module = module
 
 
+def load_variants(specs: list[str]) -> list[Variant]:
+    """Every ``--variant`` spec parsed and loaded; names must differ (they key the results)."""
+    variants = [parse_variant(spec) for spec in specs]
+    if len({v.name for v in variants}) != len(variants):
+        raise SystemExit("--variant names must differ")
+    for v in variants:
+        load(v)
+    return variants
+
+
 @contextlib.contextmanager
 def environment(env: dict[str, str]):
     """``env`` set in ``os.environ`` inside the block, the previous values restored after it."""

@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # replay_ssm.py and timing.py, also when loaded by path (tests)
 import replay_ssm as RB  # noqa: E402
-from kernel_variants import Variant, environment, load, parse_variant  # noqa: E402
+from kernel_variants import Variant, environment, load_variants  # noqa: E402
 from timing import copy_bandwidth, save_json  # noqa: E402
 
 
@@ -57,11 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = RB.parse_rows(args.rows)
     if args.rounds < 1:
         raise SystemExit(f"--rounds {args.rounds}: use at least 1")
-    variants = [parse_variant(s) for s in args.variant]
-    if len({v.name for v in variants}) != len(variants):
-        raise SystemExit("--variant names must be distinct")
-    for v in variants:
-        load(v)
+    variants = load_variants(args.variant)
     heads = tuple(args.heads)
     result = dict(
         date=str(datetime.date.today()), gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

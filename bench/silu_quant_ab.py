@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # silu_quant.py and timing.py, also when loaded by path (tests)
 import silu_quant as SQ  # noqa: E402
-from kernel_variants import environment, load, parse_variant  # noqa: E402
+from kernel_variants import environment, load_variants  # noqa: E402
 from timing import copy_bandwidth, save_json, time_calls  # noqa: E402
 
 from ocria.plugins import numerics as nx  # noqa: E402
@@ -51,11 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    variants = [parse_variant(v) for v in args.variant]
-    if len({v.name for v in variants}) != len(variants):
-        raise SystemExit("--variant names must differ")
-    for v in variants:
-        load(v)
+    variants = load_variants(args.variant)
     rows = parse_rows(args.rows)
     if not torch.cuda.is_available():
         raise SystemExit("silu_quant_ab.py times kernels on a CUDA device; none is visible")

@@ -16,6 +16,11 @@ def _load():
     return load_bench("replay_ssm_ab")
 
 
+def _variants():
+    """bench/kernel_variants.py, which parses and loads the A/B's variants."""
+    return load_bench("kernel_variants")
+
+
 def test_variants_are_checked_timed_and_keep_their_settings_to_themselves(tmp_path, monkeypatch):
     ab = _load()
     monkeypatch.delenv("OCRIA_PDL", raising=False)
@@ -44,7 +49,7 @@ def test_variants_are_checked_timed_and_keep_their_settings_to_themselves(tmp_pa
 )
 def test_bad_variant_specs_are_refused(spec, message):
     with pytest.raises(SystemExit, match=message):
-        _load().parse_variant(spec)
+        _variants().parse_variant(spec)
 
 
 @pytest.mark.parametrize(
@@ -56,10 +61,10 @@ def test_bad_rows_or_rounds_are_refused(tmp_path, option, message):
 
 
 def test_an_unknown_attribute_or_a_broken_kernel_file_is_refused(tmp_path):
-    ab = _load()
+    kv = _variants()
     with pytest.raises(SystemExit, match="has no attribute KEY_CHUNKS"):
-        ab.load(ab.parse_variant(f"x={KERNEL}:KEY_CHUNKS=16"))
+        kv.load(kv.parse_variant(f"x={KERNEL}:KEY_CHUNKS=16"))
     broken = tmp_path / "kernel.py"
     broken.write_text("def replay_verify_kernel(:\n")
     with pytest.raises(SystemExit, match="does not load: SyntaxError"):
-        ab.load(ab.parse_variant(f"x={broken}"))
+        kv.load(kv.parse_variant(f"x={broken}"))
