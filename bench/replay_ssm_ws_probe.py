@@ -152,6 +152,14 @@ def probe_row(B: int, configs: list[tuple[int, ...]], sms: int, bw: float, rotat
     return row
 
 
+def parse_config(text: str) -> tuple[int, int, int, int]:
+    """PROGRAMS_PER_SMxSTAGESxOUT_STAGESxBOX, e.g. 1x6x2x64."""
+    parts = text.split("x")
+    if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts) or parts[3] not in ("32", "64"):
+        raise SystemExit(f"--configs {text!r}: use PROGRAMS_PER_SMxSTAGESxOUT_STAGESxBOX, positive, BOX 32 or 64")
+    return tuple(int(p) for p in parts)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", nargs="+", type=int, default=[8, 16, 32, 64], help="batch sizes (T = 16)")
@@ -162,9 +170,11 @@ def main() -> None:
     p.add_argument("--rotate-mib", type=int, default=1024)
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    configs = [parse_config(c) for c in args.configs]
+    if not torch.cuda.is_available():
+        raise SystemExit("replay_ssm_ws_probe.py runs Gluon kernels on a CUDA GPU (Hopper); none is visible")
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    configs = [tuple(int(x) for x in c.split("x")) for c in args.configs]
     result = dict(date=str(datetime.date.today()), gpu=torch.cuda.get_device_name(device),
                   command="python " + shlex.join(sys.argv), torch=torch.__version__)  # fmt: skip
     result["mismatches"] = check(device, [(c[0] * sms, *c[1:]) for c in configs])
