@@ -1,8 +1,10 @@
 """bench/replay_ssm_ab.py on CPU (Triton interpreter, tiny heads): every variant is checked against float64 and timed,
-its settings apply to it alone, and a bad variant is refused before anything runs."""
+its settings apply to it alone, a bad variant is refused before anything runs, and with a check timeout a variant
+whose check fails or hangs is recorded and left out of the timing."""
 
 import json
 import os
+import sys
 
 import pytest
 from bench_scripts import load_bench
@@ -68,3 +70,43 @@ def test_an_unknown_attribute_or_a_broken_kernel_file_is_refused(tmp_path):
     broken.write_text("def replay_verify_kernel(:\n")
     with pytest.raises(SystemExit, match="does not load: SyntaxError"):
         kv.load(kv.parse_variant(f"x={broken}"))
+
+
+def test_a_child_that_hangs_is_killed_and_one_that_fails_says_why():
+    ab = _load()
+    assert ab.run_child([sys.executable, "-c", "pass"], 60) is None
+    assert ab.run_child([sys.executable, "-c", "raise SystemExit('no kernel here')"], 60) == "no kernel here"
+    assert ab.run_child([sys.executable, "-c", "import time; time.sleep(60)"], 1) == "no result within 1 s (killed)"
+
+
+def _failing_kernel(tmp_path):
+    """A copy of the kernel file whose verify launch raises, as a broken variant's would."""
+    path = tmp_path / "boom.py"
+    broken = "\n\ndef replay_verify_kernel(*args, **kwargs):\n    raise RuntimeError('boom')\n"
+    path.write_text(open(KERNEL).read() + broken)
+    return path
+
+
+def test_with_a_check_timeout_a_failing_variant_is_recorded_and_left_out_of_the_timing(tmp_path):
+    out = tmp_path / "ab.json"
+    _load().main(["--device", "cpu", "--heads", "2", "4", "32", "--rows", "2x3", "--rounds", "1", "--check-batches",
+                  "2", "--rotate-mib", "0", "--check-timeout", "120", "--variant", f"head={KERNEL}",
+                  "--variant", f"boom={_failing_kernel(tmp_path)}", "--out", str(out)])  # fmt: skip
+    result = json.loads(out.read_text())
+    assert result["correctness"]["boom"] == {"failed": "RuntimeError: boom"}
+    assert result["correctness"]["head"]["2"]["bfloat16"]["output"] < 1e-2  # checked in its own process
+    assert [r["variant"] for r in result["rows"]] == ["head"]
+
+
+def test_when_no_variant_passes_its_check_nothing_is_timed(tmp_path):
+    out = tmp_path / "ab.json"
+    with pytest.raises(SystemExit, match="no variant passed its check"):
+        _load().main(["--device", "cpu", "--heads", "2", "4", "32", "--rows", "2x3", "--check-batches", "2",
+                      "--check-timeout", "120", "--variant", f"boom={_failing_kernel(tmp_path)}", "--out", str(out)])
+    assert json.loads(out.read_text())["correctness"] == {"boom": {"failed": "RuntimeError: boom"}}
+
+
+def test_a_negative_check_timeout_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="--check-timeout -1"):
+        _load().main(["--device", "cpu", "--check-timeout", "-1", "--variant", f"head={KERNEL}",
+                      "--out", str(tmp_path)])
