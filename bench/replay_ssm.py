@@ -272,6 +272,14 @@ def launch_kwargs(cfg: tuple[int, ...]) -> dict:
     return dict(zip(("block_v", "num_warps", "max_registers"), cfg, strict=False))
 
 
+def launch_label(B: int, T: int, heads: tuple[int, int, int], device: torch.device, Tmax: int = 16) -> str:
+    """What a default bf16 launch runs: "ws" (the warp-specialized Hopper kernel) or launch_config's tile."""
+    Hk, Hv, D = heads
+    if T > 1 and K.warp_specialized(device, torch.bfloat16, Hk, Hv, D, D, Tmax):
+        return "ws"
+    return "x".join(str(x) for x in K.launch_config(B, Hv, D, K._sm_count(device)) if x is not None)
+
+
 def check_launch(B, T, heads, device, configs, Tmax=16):
     """Each config's outputs, folded state and ring vs replay_verify_ref in float64 on the same bf16
     inputs, with pending counts drawn over 0..Tmax so the rank-1 and chunk folds both run."""
@@ -439,8 +447,7 @@ def main() -> None:
     for B in args.batches:
         for T in args.ts:
             rows.append(bench_row(B, T, heads, torch.bfloat16, device, bw, {}, fla_fn, rotate))
-            rows[-1]["launch"] = "x".join(str(x) for x in K.launch_config(B, heads[1], heads[2], K._sm_count(device))
-                                          if x is not None)  # fmt: skip
+            rows[-1]["launch"] = launch_label(B, T, heads, device)
             print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()})
             save()
             if device.type == "cuda":

@@ -405,3 +405,60 @@ def test_switch():
     with pytest.raises(OcriaError, match="stages=0; use 1 or more"):
         replay_verify_kernel(*verify, stages=0)
     assert all(torch.equal(t, before) for t, before in zip(verify[7:], buffers, strict=True))  # refused untouched
+
+
+def test_warp_specialized_kernel_needs_sm90_its_triton_and_its_shapes(monkeypatch):
+    """The Hopper kernel (Gluon) takes bf16 Qwen3.5-like GDN heads on sm_90 with the Triton it was checked with, and
+    nothing else: every other GPU, Triton, dtype or shape stays on the Triton kernels."""
+    import triton
+
+    from ocria.plugins.replay_ssm import hopper
+
+    ok = (torch.device("cuda", 0), torch.bfloat16, 16, 32, 128, 128, 16)  # device, dtype, Hk, Hv, Dk, Dv, Tmax
+    monkeypatch.setattr(hopper, "capability", lambda index: (9, 0))
+    monkeypatch.setattr(hopper, "CHECKED_TRITON", (triton.__version__,))
+    assert hopper.ws_supported(*ok) is (hopper.gluon is not None)
+    assert hopper.ws_supported(*ok[:-1], 8) is (hopper.gluon is not None)  # a shorter ring pads to 16 tokens
+    changes = {0: torch.device("cpu"), 1: torch.float32, 3: 48, 4: 64, 5: 96, 6: 32}
+    for i, value in changes.items():
+        assert not hopper.ws_supported(*ok[:i], value, *ok[i + 1 :]), (i, value)
+    monkeypatch.setattr(hopper, "capability", lambda index: (10, 0))
+    assert not hopper.ws_supported(*ok)
+    monkeypatch.setattr(hopper, "capability", lambda index: (9, 0))
+    monkeypatch.setattr(hopper, "CHECKED_TRITON", ("0.1",))
+    assert not hopper.ws_supported(*ok)
+
+
+def test_warp_specialized_kernel_takes_default_verify_blocks_only(monkeypatch):
+    """Where the Hopper kernel is supported, a default T > 1 launch goes to it, with the token rows' strides, and
+    returns the output it wrote; T = 1, a tuned launch, a batch-invariant step and OCRIA_DISABLE_KERNELS=replay_ssm_ws
+    stay on the Triton kernels and match the reference."""
+    from ocria.plugins.replay_ssm import hopper
+
+    calls = []
+
+    def ws_verify(*args):
+        calls.append(args)
+        args[14].fill_(7.0)  # o
+
+    monkeypatch.setattr(hopper, "ws_supported", lambda *args: True)
+    monkeypatch.setattr(hopper, "ws_verify", ws_verify)
+    verify, _ = _small_case(T=5)
+    strided = (*_as_fused_views(*verify[:5]), *verify[5:])
+    o = replay_verify_kernel(*strided)
+    assert len(calls) == 1 and calls[0][14] is o and torch.equal(o, torch.full_like(o, 7.0))
+    assert calls[0][15] == 5 and calls[0][16] == tuple(token_rows(t)[1] for t in strided[:5])
+
+    def matches_reference(args, **launch):
+        mine, theirs = [t.clone() for t in args], [t.clone() for t in args]
+        torch.testing.assert_close(replay_verify_kernel(*mine, **launch), R.replay_verify_ref(*theirs),
+                                   rtol=1e-4, atol=1e-5)  # fmt: skip
+
+    matches_reference(_small_case(T=1)[0])
+    matches_reference(verify, key_chunk=16)
+    matches_reference(verify, block_v=16)
+    with batch_invariant_rows():
+        matches_reference(verify)
+    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "replay_ssm_ws")
+    matches_reference(verify)
+    assert len(calls) == 1

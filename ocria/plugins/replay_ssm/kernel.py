@@ -30,6 +30,10 @@ applied after the loop). A program then holds one chunk, not the tile (96-108 ag
 pipeliner keeps the next chunks' loads in flight. Nothing before the loop's end reads the prep kernel's output,
 so on Hopper the block kernel is launched with PDL beside it and waits for it only after the loop.
 
+On sm_90 with bf16 inputs and Qwen3.5's GDN heads (``warp_specialized``), a default T > 1 launch takes the
+warp-specialized Gluon kernel of ``hopper.py`` instead: prep, state streaming and the chunk math in one launch, in
+partitions that overlap; the prep and block kernels stay the path for every other GPU, dtype and shape.
+
 ``_verify_one_kernel`` (T = 1, plain decoding) keeps the whole tile: at most one pending token (a runtime
 branch on the slot's count) is folded as a plain rank-1 write, the new token is verified with two row
 reductions of the state, and a slot with nothing pending skips the state write. ``launch_config`` narrows the
@@ -56,7 +60,8 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_capable, pdl_enter
-from ocria.plugins.switch import batch_invariant
+from ocria.plugins.replay_ssm import hopper
+from ocria.plugins.switch import batch_invariant, disabled_kernels
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
 # products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (H200
@@ -77,6 +82,9 @@ PREP_WARPS = 2
 # (bench/results/invariance_replay_tiles_h200.json).
 INVARIANT_BLOCK_V = 16
 INVARIANT_WARPS = 1
+# The warp-specialized Hopper kernel (hopper.py) as a code path of OCRIA_DISABLE_KERNELS: naming it there sends its
+# launches to the prep and block kernels below.
+WS_PATH = "replay_ssm_ws"
 # T > 1 on Hopper: the block kernel is launched with PDL beside _chunk_prep_kernel, which lets it start at once; its
 # programs stream and fold their state while the prep runs and wait for the prep only before they read its output.
 OVERLAP_PREP = True
@@ -558,6 +566,11 @@ def block_registers(deep_cap: int | None, key_chunk: int, block_k: int, precisio
     return deep_cap
 
 
+def warp_specialized(device: torch.device, dtype: torch.dtype, Hk: int, Hv: int, Dk: int, Dv: int, Tmax: int) -> bool:
+    """Whether a default T > 1 launch of these shapes takes the warp-specialized Hopper kernel (``hopper.py``)."""
+    return WS_PATH not in disabled_kernels() and hopper.ws_supported(device, dtype, Hk, Hv, Dk, Dv, Tmax)
+
+
 def replay_verify_kernel(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
     state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
@@ -594,6 +607,12 @@ def replay_verify_kernel(
             o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
             HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, num_warps=num_warps or INVARIANT_WARPS, **pdl_args(v.device),
         )  # fmt: skip
+        return o
+    tuned = any(x is not None for x in (block_v, num_warps, precision, max_registers, key_chunk, stages))
+    aligned = state.data_ptr() % 16 == 0  # the TMA descriptor's base
+    if T > 1 and not tuned and aligned and warp_specialized(v.device, v.dtype, Hk, Hv, Dk, Dv, Tmax):
+        hopper.ws_verify(q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len,
+                         slot_ids, o, T, (sq, sk, sv, sa, sb))  # fmt: skip
         return o
     auto_bv, auto_warps, auto_registers = launch_config(B, Hv, Dv, _sm_count(v.device))
     auto_launch = block_v is None and num_warps is None and max_registers is None
