@@ -197,9 +197,9 @@ if gluon is not None:
             qf = gl.convert_layout(qf_i, gl.SliceLayout(0, L2))
             buf = jg % NB
             ph = (jg // NB) & 1
+            row = (i_b * T + rj).to(gl.int64)
             for j in gl.static_range(2):
                 i_h = hk * 2 + j
-                row = (i_b * T + rj).to(gl.int64)
                 a = gl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(gl.float32)
                 b = gl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(gl.float32)
                 A_log = gl.load(A_log_ptr + i_h).to(gl.float32)

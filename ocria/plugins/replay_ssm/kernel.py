@@ -46,7 +46,7 @@ then the same bits whether it was verified in a block or decoded alone, which th
 
 Reads come from ring half ``phase`` and writes go to half ``1 - phase``, so no program of a launch
 writes what another one reads; each shared k/g entry has one writer (T = 1: the tile-0 program; T > 1:
-the prep kernel, whose output the block kernel reads only after waiting for it).
+the prep kernel, whose output the block kernel reads only after waiting for it, or ``hopper.py``'s prep partition).
 """
 
 import math
