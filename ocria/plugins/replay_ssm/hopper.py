@@ -16,10 +16,14 @@ the prep kernel's T x T work nor keep enough state loads in flight at moderate b
   bf16 keys and queries on the tensor cores (``mma.sync``; bf16 x bf16 products are exact in fp32), norms from
   their diagonals, gates, (I + A)^-1 diag(beta) by repeated squaring, decayed scores and exp(G), passed to each
   consumer through a 2-slot shared-memory ring (mbarriers ``mfull`` / ``mempty``); it parks the normalised keys and
-  the log-decays for the next step, the consumers park the writes U.
+  the log-decays for the next step, the consumers park the writes U. Its global loads go out a group ahead (keys
+  and queries by cp.async into a second staging buffer): a per-partition clock timeline showed the consumers
+  waiting 1-6 µs per group for the prep, whose loads went out inside the group, one after another
+  (bench/results/replay_ssm_s26_timeline_base_h200.json).
 
 The consumers wait for the prep only after their chunk loop, so the fold and the state traffic overlap it. Measured
-on the H200 against the prep and block kernels, same tree and call: bench/results/replay_ssm_s25_ws_ab_h200.json.
+on the H200 against the prep and block kernels, same tree and call: bench/results/replay_ssm_s25_ws_ab_h200.json;
+the loads a group ahead against the session-25 file: bench/results/replay_ssm_s26_prefetch_ab_h200.json.
 Gluon is experimental and its API moves between Triton releases, so this path runs only on the release it was
 checked with (``CHECKED_TRITON``); every other case takes the block kernel.
 """
@@ -33,7 +37,7 @@ from ocria.plugins.launch import capability, sm_count
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import NVMMADistributedLayout, mma_v2
+    from triton.experimental.gluon.language.nvidia.ampere import NVMMADistributedLayout, async_copy, mma_v2
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except ImportError:  # an older Triton: no Gluon, the block kernel serves every launch
@@ -142,14 +146,46 @@ if gluon is not None:
         mbarrier.arrive(mfull.index(buf))
 
     @gluon.jit
+    def _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, kq, g, T, sq, sk, sa, sb,
+                    HK: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, KL: gl.constexpr,
+                    L2: gl.constexpr):  # fmt: skip
+        """Issue group g's loads: its raw keys and queries copied straight into ``kq_prep[kq]`` and
+        ``kq_prep[kq + 1]`` (cp.async, one commit group) and its two value heads' gate inputs into registers, all
+        used one group later."""
+        i_b = g // HK
+        hk = g % HK
+        rtk = gl.arange(0, TP, layout=gl.SliceLayout(1, KL))
+        rkk = gl.arange(0, DK, layout=gl.SliceLayout(0, KL))
+        rowk = (i_b * T + rtk).to(gl.int64)[:, None]
+        mk = (rtk < T)[:, None]
+        async_copy.async_copy_global_to_shared(kq_prep.index(kq), k_ptr + rowk * sk + hk * DK + rkk[None, :], mask=mk)
+        async_copy.async_copy_global_to_shared(kq_prep.index(kq + 1), q_ptr + rowk * sq + hk * DK + rkk[None, :],
+                                               mask=mk)  # fmt: skip
+        async_copy.commit_group()
+        rj = gl.arange(0, TP, layout=gl.SliceLayout(0, L2))
+        row = (i_b * T + rj).to(gl.int64)
+        mt = rj < T
+        a0 = gl.load(a_ptr + row * sa + hk * 2, mask=mt, other=0.0)
+        a1 = gl.load(a_ptr + row * sa + hk * 2 + 1, mask=mt, other=0.0)
+        b0 = gl.load(b_ptr + row * sb + hk * 2, mask=mt, other=0.0)
+        b1 = gl.load(b_ptr + row * sb + hk * 2 + 1, mask=mt, other=0.0)
+        A0 = gl.load(A_log_ptr + hk * 2)
+        A1 = gl.load(A_log_ptr + hk * 2 + 1)
+        d0 = gl.load(dt_bias_ptr + hk * 2)
+        d1 = gl.load(dt_bias_ptr + hk * 2 + 1)
+        return a0, a1, b0, b1, A0, A1, d0, d1
+
+    @gluon.jit
     def _prep_partition(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr,
-                        slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0, mfull1, mempty1, kq_prep,
-                        n_groups, first, stride, T, Tmax, scale, eps, sq, sk, sa, sb,
-                        HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr,
-                        NB: gl.constexpr):  # fmt: skip
+                        pending_ptr, slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0, mfull1, mempty1,
+                        kq_prep, n_groups, first, stride, T, Tmax, scale, eps, sq, sk, sa, sb,
+                        HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, NB: gl.constexpr,
+                        MAXT: gl.constexpr):  # fmt: skip
         """Per group (batch row, key head): the key head's norms and Gram and score matrices, then per value head
         (consumer c takes 2 hk + c) the gates, (I + A)^-1 diag(beta), the decayed scores and exp(G) into that
-        consumer's ring; the normalised keys and the log-decays parked in the ring's other half for the next step."""
+        consumer's ring; the normalised keys and the log-decays parked in the ring's other half for the next step.
+        Every global load of a group goes out one group ahead (slots and ring phases of all groups at the start), so
+        no group waits on a round trip: the partition's pace is its arithmetic."""
         NW: gl.constexpr = 2
         L2: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 8], [4, 8, 1], [NW, 1, 1], [2, 1, 0]))
         LM: gl.constexpr = gl.BlockedLayout([1, TP, 1], [4, 1, 8], [NW, 1, 1], [2, 1, 0])  # [i, k, j]
@@ -157,6 +193,7 @@ if gluon is not None:
         MACC: gl.constexpr = NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
         MA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MACC, k_width=2)
         MB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MACC, k_width=2)
+        VEC: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
         ri = gl.arange(0, TP, layout=gl.SliceLayout(1, L2))
         rj = gl.arange(0, TP, layout=gl.SliceLayout(0, L2))
         eye = ri[:, None] == rj[None, :]
@@ -166,44 +203,46 @@ if gluon is not None:
         rtk = gl.arange(0, TP, layout=gl.SliceLayout(1, KL))
         rkk = gl.arange(0, DK, layout=gl.SliceLayout(0, KL))
         mk = (rtk < T)[:, None]
+        jt, slots, phases, _pending = _group_slots(slot_ptr, ring_phase_ptr, pending_ptr, n_groups, first, stride,
+                                                   HK, MAXT, VEC)  # fmt: skip
+        nxt = _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, 0,
+                          gl.minimum(first, n_groups - 1), T, sq, sk, sa, sb, HK, DK, TP, KL, L2)  # fmt: skip
         jg = 0
         for g in range(first, n_groups, stride):
-            i_b = g // HK
             hk = g % HK
-            # Every load of the group goes out at once; keys and queries then wait in shared memory for the products.
-            rowk = (i_b * T + rtk).to(gl.int64)[:, None]
-            K2 = gl.load(k_ptr + rowk * sk + hk * DK + rkk[None, :], mask=mk, other=0.0)
-            Q2 = gl.load(q_ptr + rowk * sq + hk * DK + rkk[None, :], mask=mk, other=0.0)
-            slot = gl.load(slot_ptr + i_b).to(gl.int64)
-            gl.thread_barrier()  # the previous group's products have read kq_prep
-            kq_prep.index(0).store(K2)
-            kq_prep.index(1).store(Q2)
+            a0, a1, b0, b1, A0, A1, d0, d1 = nxt
+            kq = jg % 2 * 2
+            # The next group's loads into the other buffer, whose readers (the group before this one) are done.
             gl.thread_barrier()
-            kb = kq_prep.index(0).permute((1, 0)).load(MB)
-            qb = kq_prep.index(1).permute((1, 0)).load(MB)
+            nxt = _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, (jg + 1) % 2 * 2,
+                              gl.minimum(g + stride, n_groups - 1), T, sq, sk, sa, sb, HK, DK, TP, KL, L2)  # fmt: skip
+            async_copy.wait_group(1)  # this group's copies have landed (issued a group ago)
+            gl.thread_barrier()
+            kb = kq_prep.index(kq).permute((1, 0)).load(MB)
+            qb = kq_prep.index(kq + 1).permute((1, 0)).load(MB)
             zero = gl.zeros([TP, TP], gl.float32, MACC)
-            kk = gl.convert_layout(mma_v2(kq_prep.index(0).load(MA), kb, zero), L2)
-            qk = gl.convert_layout(mma_v2(kq_prep.index(1).load(MA), kb, zero), L2)
-            qq = gl.sum(gl.where(eye, gl.convert_layout(mma_v2(kq_prep.index(1).load(MA), qb, zero), L2), 0.0), 1)
+            kk = gl.convert_layout(mma_v2(kq_prep.index(kq).load(MA), kb, zero), L2)
+            qk = gl.convert_layout(mma_v2(kq_prep.index(kq + 1).load(MA), kb, zero), L2)
+            qq = gl.sum(gl.where(eye, gl.convert_layout(mma_v2(kq_prep.index(kq + 1).load(MA), qb, zero), L2), 0.0), 1)
             kf_i = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), 1) + eps)
             kf_j = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), 0) + eps)
             qf_i = gl.rsqrt(qq + eps) * scale
             kkn = kk * kf_i[:, None] * kf_j[None, :]
             qkn = qk * qf_i[:, None] * kf_j[None, :]
-            park = (slot * 2 + 1 - gl.load(ring_phase_ptr + slot).to(gl.int64)) * Tmax
-            Kn = kq_prep.index(0).load(KL).to(gl.float32) * gl.convert_layout(kf_i, gl.SliceLayout(1, KL))[:, None]
+            slot = _pick(jt, slots, jg).to(gl.int64)
+            park = (slot * 2 + 1 - _pick(jt, phases, jg)) * Tmax
+            Kn = kq_prep.index(kq).load(KL).to(gl.float32) * gl.convert_layout(kf_i, gl.SliceLayout(1, KL))[:, None]
             gl.store(ring_k_ptr + ((park + rtk)[:, None] * HK + hk) * DK + rkk[None, :], Kn, mask=mk)
             kf = gl.convert_layout(kf_i, gl.SliceLayout(0, L2))
             qf = gl.convert_layout(qf_i, gl.SliceLayout(0, L2))
             buf = jg % NB
             ph = (jg // NB) & 1
-            row = (i_b * T + rj).to(gl.int64)
             for j in gl.static_range(2):
                 i_h = hk * 2 + j
-                a = gl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0).to(gl.float32)
-                b = gl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0).to(gl.float32)
-                A_log = gl.load(A_log_ptr + i_h).to(gl.float32)
-                x = a + gl.load(dt_bias_ptr + i_h).to(gl.float32)
+                a = (a0 if j == 0 else a1).to(gl.float32)
+                b = (b0 if j == 0 else b1).to(gl.float32)
+                A_log = (A0 if j == 0 else A1).to(gl.float32)
+                x = a + (d0 if j == 0 else d1).to(gl.float32)
                 softplus = gl.where(x > 20.0, x, gl.log(1.0 + gl.exp(gl.minimum(x, 20.0))))
                 g_j = gl.where(mt, -gl.exp(A_log) * softplus, 0.0)
                 beta_j = gl.where(mt, 1.0 / (1.0 + gl.exp(-b)), 0.0)
@@ -223,6 +262,7 @@ if gluon is not None:
                 else:
                     _publish(inv * beta_j[None, :], P, kf, qf, gl.exp(gc_j), inv1, p1, vec1, mfull1, mempty1, buf, ph)
             jg += 1
+        async_copy.wait_group(0)  # nothing left in flight at exit (the last copies were of a group loaded for nothing)
 
     @gluon.jit
     def _state_loader(desc, bufs, full, empty, slot_ptr, n_groups, first, stride, c: gl.constexpr, NT: gl.constexpr,
@@ -398,8 +438,9 @@ if gluon is not None:
         # Rows of 16-byte vectors XOR-swizzled over 8 phases: unswizzled, the prep's ldmatrix reads of these 256-byte
         # rows were 8-way bank conflicts, 97% of the kernel's excess shared wavefronts at batch 16
         # (bench/results/replay_ssm_s25_ws_ncu_source_b16.txt); the swizzle took 1-3% off the step
-        # (bench/results/replay_ssm_s25_prep_swizzle_h200.json).
-        kq_prep = gl.allocate_shared_memory(gl.bfloat16, [2, TP, DK], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+        # (bench/results/replay_ssm_s25_prep_swizzle_h200.json). Two groups' keys and queries: the next group's
+        # copies land while this one's are read.
+        kq_prep = gl.allocate_shared_memory(gl.bfloat16, [4, TP, DK], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
         gl.warp_specialize([
             (_consumer, (bufs0, full0, empty0, kp0, kq0, inv0, p0, vec0, mfull0, mempty0, q_ptr, k_ptr, v_ptr,
                          state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr, o_ptr,
@@ -414,9 +455,9 @@ if gluon is not None:
             (_state_loader, (desc, bufs1, full1, empty1, slot_ptr, n_groups, pid, stride, 1, NT, HK, HV, DK, BKC, BV,
                              STAGES, MAXT)),
             (_prep_partition, (q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr,
-                               ring_phase_ptr, slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0, mfull1,
-                               mempty1, kq_prep, n_groups, pid, stride, T, Tmax, scale, eps, sq, sk, sa, sb, HK, HV,
-                               DK, TP, NB)),
+                               ring_phase_ptr, pending_ptr, slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0,
+                               mfull1, mempty1, kq_prep, n_groups, pid, stride, T, Tmax, scale, eps, sq, sk, sa, sb,
+                               HK, HV, DK, TP, NB, MAXT)),
         ], [num_warps, 1, 1, 2], [REGS, LOADER_REGS, LOADER_REGS, PREP_REGS])  # fmt: skip
 
 
