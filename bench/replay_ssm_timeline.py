@@ -1,8 +1,9 @@
 """Where a step of the warp-specialized ReplaySSM kernel spends its time: per-partition clock stamps, one launch.
 
 A probe, GPU only (Gluon has no interpreter). It runs a copy of ``ocria/plugins/replay_ssm/hopper.py`` that takes one
-more argument, an int64 buffer of 128 stamps per CTA, and writes ``%clock64`` into it at fixed points (the copy of the
-twenty-sixth session is ``bench/results/replay_ssm_s26_timeline.patch`` applied to the file of commit 18ebf66):
+more argument, an int64 buffer of 128 stamps per CTA, and writes ``%clock64`` into it at fixed points (for the
+current file ``bench/results/replay_ssm_s27_timeline.patch``; the twenty-sixth session's stamps were
+``replay_ssm_s26_timeline.patch`` on the file of commit 18ebf66):
 consumer c (base 40 c): start, first inputs issued, per tile (up to 6) its start, its first chunk's arrival, the end of
 its chunk loop, the prep's matrices ready, the tile's end, and the partition's end; loader c (base 80 + 8 c): start,
 first, 4th, 5th and 9th TMA copy issued, end; prep (base 96): start, per group (up to 4) its matrices published and its
@@ -10,7 +11,7 @@ keys and queries landed, end; consumer 0 also writes ``%globaltimer`` at its sta
 beside them (124, 125), which turn cycles into µs. Times are µs from the CTA's first stamp, medians over CTAs.
 
     cp ocria/plugins/replay_ssm/hopper.py /tmp/hopper_tl.py
-    patch /tmp/hopper_tl.py bench/results/replay_ssm_s26_timeline.patch
+    patch /tmp/hopper_tl.py bench/results/replay_ssm_s27_timeline.patch
     python bench/replay_ssm_timeline.py --hopper /tmp/hopper_tl.py --batch 8 16 32 64 --out /tmp/timeline.json
 """
 

@@ -14,16 +14,19 @@ the prep kernel's T x T work nor keep enough state loads in flight at moderate b
   new tokens in WY form (the math in ``kernel.py``'s docstring);
 - one prep partition (two warps), a group or two ahead of the consumers: the Gram and score matrices of the raw
   bf16 keys and queries on the tensor cores (``mma.sync``; bf16 x bf16 products are exact in fp32), norms from
-  their diagonals, gates, (I + A)^-1 diag(beta) by repeated squaring, decayed scores and exp(G), passed to each
-  consumer through a 2-slot shared-memory ring (mbarriers ``mfull`` / ``mempty``); it parks the normalised keys and
-  the log-decays for the next step, the consumers park the writes U. Its global loads go out a group ahead (keys
-  and queries by cp.async into a second staging buffer): a per-partition clock timeline showed the consumers
-  waiting 1-6 µs per group for the prep, whose loads went out inside the group, one after another
-  (bench/results/replay_ssm_s26_timeline_base_h200.json).
+  their diagonals, gates, (I + A)^-1 diag(beta) by repeated squaring (tf32 ``mma.sync``), decayed scores and
+  exp(G), passed to each consumer through a 2-slot shared-memory ring (mbarriers ``mfull`` / ``mempty``); it parks
+  the normalised keys and the log-decays for the next step, the consumers park the writes U. Its global loads go
+  out a group ahead (keys and queries by cp.async into a second staging buffer): a per-partition clock timeline
+  showed the consumers waiting 1-6 µs per group for the prep, whose loads went out inside the group, one after
+  another (bench/results/replay_ssm_s26_timeline_base_h200.json). The state loaders start when the prep's first
+  keys and queries have landed (mbarrier ``prep_loaded``), so those are not queued behind the state stream.
 
 The consumers wait for the prep only after their chunk loop, so the fold and the state traffic overlap it. Measured
 on the H200 against the prep and block kernels, same tree and call: bench/results/replay_ssm_s25_ws_ab_h200.json;
-the loads a group ahead against the session-25 file: bench/results/replay_ssm_s26_prefetch_ab_h200.json.
+the loads a group ahead against the session-25 file: bench/results/replay_ssm_s26_prefetch_ab_h200.json; the
+inverse on the tensor cores and the gated state loaders: bench/results/replay_ssm_s27_tc_ab_h200.json,
+bench/results/replay_ssm_s27_gate_stages_ab_h200.json.
 Gluon is experimental and its API moves between Triton releases, so this path runs only on the release it was
 checked with (``CHECKED_TRITON``); every other case takes the block kernel.
 """
@@ -127,11 +130,28 @@ if gluon is not None:
         return UpT, gp, Kp, K3, Q3
 
     @gluon.jit
-    def _small_mm(x, y, L3: gl.constexpr):
-        """x [M, K] @ y [K, N] on the CUDA cores in fp32: the K axis of L3 lies in each thread."""
-        xa = gl.convert_layout(x, gl.SliceLayout(2, L3))
-        yb = gl.convert_layout(y, gl.SliceLayout(0, L3))
-        return gl.sum(xa[:, :, None] * yb[None, :, :], 1)
+    def _tril_inverse(B, bufs, TP: gl.constexpr, MACC: gl.constexpr):
+        """(I + A)^-1 for B = -A ([TP, TP], strictly lower) as (I + B)(I + B^2)(I + B^4)(I + B^8), as
+        ``kernel._tril_inverse``: the products on the tensor cores in tf32 (the block kernel's precision for bf16
+        inputs) with B and the inverse kept in the MMA layout. ``bufs``: seven [TP, TP] fp32 shared-memory buffers,
+        B^(2^i) in bufs[i] and the partial inverses in bufs[4 + i], each its own allocation and written once per call,
+        so the only barriers are the three between a product's store and its reads. (On the CUDA cores each product
+        converted its operands' layouts and took 770 FFMA a group: bench/results/replay_ssm_s27_tc_ab_h200.json.)"""
+        MA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MACC, k_width=1)
+        MB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MACC, k_width=1)
+        bufs[0].store(B)
+        gl.thread_barrier()
+        ri = gl.arange(0, TP, layout=gl.SliceLayout(1, MACC))
+        rj = gl.arange(0, TP, layout=gl.SliceLayout(0, MACC))
+        inv = bufs[0].load(MACC) + gl.where(ri[:, None] == rj[None, :], 1.0, 0.0)
+        zero = gl.zeros([TP, TP], gl.float32, MACC)
+        for i in gl.static_range(3):
+            B = mma_v2(bufs[i].load(MA), bufs[i].load(MB), zero, input_precision="tf32")
+            bufs[i + 1].store(B)
+            bufs[4 + i].store(inv)
+            gl.thread_barrier()
+            inv = mma_v2(bufs[4 + i].load(MA), bufs[i + 1].load(MB), inv, input_precision="tf32")
+        return inv
 
     @gluon.jit
     def _publish(inv, P, kf, qf, dn, inv_ring, p_ring, vec_ring, mfull, mempty, buf, ph):
@@ -178,7 +198,7 @@ if gluon is not None:
     @gluon.jit
     def _prep_partition(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr,
                         pending_ptr, slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0, mfull1, mempty1,
-                        kq_prep, n_groups, first, stride, T, Tmax, scale, eps, sq, sk, sa, sb,
+                        kq_prep, inv_bufs, prep_loaded, n_groups, first, stride, T, Tmax, scale, eps, sq, sk, sa, sb,
                         HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, NB: gl.constexpr,
                         MAXT: gl.constexpr):  # fmt: skip
         """Per group (batch row, key head): the key head's norms and Gram and score matrices, then per value head
@@ -188,7 +208,6 @@ if gluon is not None:
         no group waits on a round trip: the partition's pace is its arithmetic."""
         NW: gl.constexpr = 2
         L2: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 8], [4, 8, 1], [NW, 1, 1], [2, 1, 0]))
-        LM: gl.constexpr = gl.BlockedLayout([1, TP, 1], [4, 1, 8], [NW, 1, 1], [2, 1, 0])  # [i, k, j]
         KL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [TP, DK] keys to park
         MACC: gl.constexpr = NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
         MA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MACC, k_width=2)
@@ -207,6 +226,9 @@ if gluon is not None:
                                                    HK, MAXT, VEC)  # fmt: skip
         nxt = _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, 0,
                           gl.minimum(first, n_groups - 1), T, sq, sk, sa, sb, HK, DK, TP, KL, L2)  # fmt: skip
+        async_copy.wait_group(0)
+        gl.thread_barrier()
+        mbarrier.arrive(prep_loaded.index(0))  # the state loaders start now
         jg = 0
         for g in range(first, n_groups, stride):
             hk = g % HK
@@ -250,29 +272,30 @@ if gluon is not None:
                 gc_j = gl.convert_layout(gc_i, gl.SliceLayout(0, L2))
                 beta_i = gl.convert_layout(beta_j, gl.SliceLayout(1, L2))
                 dec = gl.exp(gl.where(causal, gc_i[:, None] - gc_j[None, :], 0.0))
-                B = gl.where(lower, -beta_i[:, None] * dec * kkn, 0.0)
-                inv = gl.where(eye, 1.0, 0.0) + B
-                for _ in gl.static_range(3):  # (I - A)(I + A^2)(I + A^4)(I + A^8), as kernel._tril_inverse
-                    B = gl.convert_layout(_small_mm(B, B, LM), L2)
-                    inv += gl.convert_layout(_small_mm(inv, B, LM), L2)
+                inv = _tril_inverse(gl.where(lower, -beta_i[:, None] * dec * kkn, 0.0), inv_bufs, TP, MACC)
+                beta_m = gl.convert_layout(beta_j, gl.SliceLayout(0, MACC))
                 P = gl.where(causal, qkn * dec, 0.0)
                 gl.store(ring_g_ptr + (park + rj) * HV + i_h, g_j, mask=mt)
                 if j == 0:
-                    _publish(inv * beta_j[None, :], P, kf, qf, gl.exp(gc_j), inv0, p0, vec0, mfull0, mempty0, buf, ph)
+                    _publish(inv * beta_m[None, :], P, kf, qf, gl.exp(gc_j), inv0, p0, vec0, mfull0, mempty0, buf, ph)
                 else:
-                    _publish(inv * beta_j[None, :], P, kf, qf, gl.exp(gc_j), inv1, p1, vec1, mfull1, mempty1, buf, ph)
+                    _publish(inv * beta_m[None, :], P, kf, qf, gl.exp(gc_j), inv1, p1, vec1, mfull1, mempty1, buf, ph)
             jg += 1
         async_copy.wait_group(0)  # nothing left in flight at exit (the last copies were of a group loaded for nothing)
 
     @gluon.jit
-    def _state_loader(desc, bufs, full, empty, slot_ptr, n_groups, first, stride, c: gl.constexpr, NT: gl.constexpr,
-                      HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, BKC: gl.constexpr, BV: gl.constexpr,
-                      STAGES: gl.constexpr, MAXT: gl.constexpr):  # fmt: skip
-        """TMA copies of consumer c's state chunks, in the order it folds them, into its ring."""
+    def _state_loader(desc, bufs, full, empty, prep_loaded, slot_ptr, n_groups, first, stride, c: gl.constexpr,
+                      NT: gl.constexpr, HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, BKC: gl.constexpr,
+                      BV: gl.constexpr, STAGES: gl.constexpr, MAXT: gl.constexpr):  # fmt: skip
+        """TMA copies of consumer c's state chunks, in the order it folds them, into its ring, from the moment the
+        prep partition's first keys and queries have landed: issued at once, the state copies (8 MB at batch 8)
+        queue ahead of them, and the prep, whose matrices every tile's tail waits for, starts last
+        (bench/results/replay_ssm_s27_gate_stages_ab_h200.json)."""
         VEC: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         jt = gl.arange(0, MAXT, VEC)
         gv = first + jt * stride
         slots = gl.load(slot_ptr + gv // HK, mask=gv < n_groups, other=0)
+        mbarrier.wait(prep_loaded.index(0), 0)
         i = 0
         j = 0
         for g in range(first, n_groups, stride):
@@ -441,6 +464,20 @@ if gluon is not None:
         # (bench/results/replay_ssm_s25_prep_swizzle_h200.json). Two groups' keys and queries: the next group's
         # copies land while this one's are read.
         kq_prep = gl.allocate_shared_memory(gl.bfloat16, [4, TP, DK], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+        # The inverse's operands, one allocation each: a store into a buffer of a shared allocation had the compiler
+        # put a barrier before it for the reads of its neighbours (12 barriers a group).
+        inv_bufs = (
+            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+        )
+        prep_loaded = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(prep_loaded.index(0), count=1)
+        fence_async_shared()
         gl.warp_specialize([
             (_consumer, (bufs0, full0, empty0, kp0, kq0, inv0, p0, vec0, mfull0, mempty0, q_ptr, k_ptr, v_ptr,
                          state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr, o_ptr,
@@ -450,14 +487,14 @@ if gluon is not None:
                          state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr, o_ptr,
                          n_groups, pid, stride, T, Tmax, sq, sk, sv, 1, NT, HK, HV, DK, DV, BKC, BV, TP, STAGES, NB,
                          MAXT, num_warps)),
-            (_state_loader, (desc, bufs0, full0, empty0, slot_ptr, n_groups, pid, stride, 0, NT, HK, HV, DK, BKC, BV,
-                             STAGES, MAXT)),
-            (_state_loader, (desc, bufs1, full1, empty1, slot_ptr, n_groups, pid, stride, 1, NT, HK, HV, DK, BKC, BV,
-                             STAGES, MAXT)),
+            (_state_loader, (desc, bufs0, full0, empty0, prep_loaded, slot_ptr, n_groups, pid, stride, 0, NT, HK, HV,
+                             DK, BKC, BV, STAGES, MAXT)),
+            (_state_loader, (desc, bufs1, full1, empty1, prep_loaded, slot_ptr, n_groups, pid, stride, 1, NT, HK, HV,
+                             DK, BKC, BV, STAGES, MAXT)),
             (_prep_partition, (q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr,
                                ring_phase_ptr, pending_ptr, slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0,
-                               mfull1, mempty1, kq_prep, n_groups, pid, stride, T, Tmax, scale, eps, sq, sk, sa, sb,
-                               HK, HV, DK, TP, NB, MAXT)),
+                               mfull1, mempty1, kq_prep, inv_bufs, prep_loaded, n_groups, pid, stride, T, Tmax, scale,
+                               eps, sq, sk, sa, sb, HK, HV, DK, TP, NB, MAXT)),
         ], [num_warps, 1, 1, 2], [REGS, LOADER_REGS, LOADER_REGS, PREP_REGS])  # fmt: skip
 
 
