@@ -466,14 +466,12 @@ if gluon is not None:
         kq_prep = gl.allocate_shared_memory(gl.bfloat16, [4, TP, DK], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
         # The inverse's operands, one allocation each: a store into a buffer of a shared allocation had the compiler
         # put a barrier before it for the reads of its neighbours (12 barriers a group).
+        SQ: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         inv_bufs = (
-            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
-            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
-            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
-            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
-            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
-            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
-            gl.allocate_shared_memory(gl.float32, [TP, TP], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], SQ), gl.allocate_shared_memory(gl.float32, [TP, TP], SQ),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], SQ), gl.allocate_shared_memory(gl.float32, [TP, TP], SQ),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], SQ), gl.allocate_shared_memory(gl.float32, [TP, TP], SQ),
+            gl.allocate_shared_memory(gl.float32, [TP, TP], SQ),
         )
         prep_loaded = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(prep_loaded.index(0), count=1)
