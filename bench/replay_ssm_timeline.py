@@ -2,7 +2,7 @@
 
 A probe, GPU only (Gluon has no interpreter). It runs a copy of ``ocria/plugins/replay_ssm/hopper.py`` that takes one
 more argument, an int64 buffer of 128 stamps per CTA, and writes ``%clock64`` into it at fixed points (for the
-current file ``bench/results/replay_ssm_s27_timeline.patch``; the twenty-sixth session's stamps were
+current file ``STAMP_PATCH``, which the test suite checks still applies; the twenty-sixth session's stamps were
 ``replay_ssm_s26_timeline.patch`` on the file of commit 18ebf66):
 consumer c (base 40 c): start, first inputs issued, per tile (up to 6) its start, its first chunk's arrival, the end of
 its chunk loop, the prep's matrices ready, the tile's end, and the partition's end; loader c (base 80 + 8 c): start,
@@ -32,6 +32,8 @@ from timing import save_json  # noqa: E402
 from ocria.plugins.launch import sm_count  # noqa: E402
 from ocria.plugins.replay_ssm import kernel as K  # noqa: E402
 
+# The stamps for the current ocria/plugins/replay_ssm/hopper.py, as a patch of it.
+STAMP_PATCH = "bench/results/replay_ssm_s27_timeline.patch"
 HEADS = (16, 32, 128)  # Hk, Hv, Dk = Dv: Qwen3.5's GDN layers
 TMAX = T = 16
 
@@ -104,7 +106,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     if not Path(args.hopper).is_file():
-        raise SystemExit(f"--hopper {args.hopper}: no such file (a stamped copy of hopper.py, see --help)")
+        raise SystemExit(f"--hopper {args.hopper}: no such file (a copy of hopper.py with {STAMP_PATCH} applied)")
     if not torch.cuda.is_available():
         raise SystemExit("replay_ssm_timeline: needs a CUDA GPU (Hopper), none is visible")
     device = torch.device("cuda")

@@ -1,9 +1,13 @@
 """bench/replay_ssm_timeline.py is GPU only: its stamp arithmetic and its refusals are checked here."""
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from bench_scripts import load_bench
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def stamps(per_ns: float) -> list[int]:
@@ -43,3 +47,10 @@ def test_without_a_gpu_it_says_so(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="none is visible"):
         probe.main()
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_stamp_patch_applies_to_the_kernel_file():
+    """The probe is only as good as its stamped copy: a kernel change that leaves the patch behind fails here."""
+    patch = load_bench("replay_ssm_timeline").STAMP_PATCH
+    check = subprocess.run(["git", "apply", "--check", patch], cwd=ROOT, capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
