@@ -166,12 +166,19 @@ if gluon is not None:
         mbarrier.arrive(mfull.index(buf))
 
     @gluon.jit
+    def _gate_inputs(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row, mt, i_h, sa, sb):
+        """Value head i_h's a and b at token rows ``row`` (0 where ``mt`` is off), A_log and dt_bias."""
+        a = gl.load(a_ptr + row * sa + i_h, mask=mt, other=0.0)
+        b = gl.load(b_ptr + row * sb + i_h, mask=mt, other=0.0)
+        return a, b, gl.load(A_log_ptr + i_h), gl.load(dt_bias_ptr + i_h)
+
+    @gluon.jit
     def _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, kq, g, T, sq, sk, sa, sb,
                     HK: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, KL: gl.constexpr,
                     L2: gl.constexpr):  # fmt: skip
         """Issue group g's loads: its raw keys and queries copied straight into ``kq_prep[kq]`` and
-        ``kq_prep[kq + 1]`` (cp.async, one commit group) and its two value heads' gate inputs into registers, all
-        used one group later."""
+        ``kq_prep[kq + 1]`` (cp.async, one commit group) and its two value heads' gate inputs (``_gate_inputs``)
+        into registers, all used one group later."""
         i_b = g // HK
         hk = g % HK
         rtk = gl.arange(0, TP, layout=gl.SliceLayout(1, KL))
@@ -185,15 +192,8 @@ if gluon is not None:
         rj = gl.arange(0, TP, layout=gl.SliceLayout(0, L2))
         row = (i_b * T + rj).to(gl.int64)
         mt = rj < T
-        a0 = gl.load(a_ptr + row * sa + hk * 2, mask=mt, other=0.0)
-        a1 = gl.load(a_ptr + row * sa + hk * 2 + 1, mask=mt, other=0.0)
-        b0 = gl.load(b_ptr + row * sb + hk * 2, mask=mt, other=0.0)
-        b1 = gl.load(b_ptr + row * sb + hk * 2 + 1, mask=mt, other=0.0)
-        A0 = gl.load(A_log_ptr + hk * 2)
-        A1 = gl.load(A_log_ptr + hk * 2 + 1)
-        d0 = gl.load(dt_bias_ptr + hk * 2)
-        d1 = gl.load(dt_bias_ptr + hk * 2 + 1)
-        return a0, a1, b0, b1, A0, A1, d0, d1
+        return (_gate_inputs(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row, mt, hk * 2, sa, sb),
+                _gate_inputs(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row, mt, hk * 2 + 1, sa, sb))
 
     @gluon.jit
     def _prep_partition(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr,
@@ -232,7 +232,7 @@ if gluon is not None:
         jg = 0
         for g in range(first, n_groups, stride):
             hk = g % HK
-            a0, a1, b0, b1, A0, A1, d0, d1 = nxt
+            gates = nxt
             kq = jg % 2 * 2
             # The next group's loads into the other buffer, whose readers (the group before this one) are done.
             gl.thread_barrier()
@@ -261,13 +261,11 @@ if gluon is not None:
             ph = (jg // NB) & 1
             for j in gl.static_range(2):
                 i_h = hk * 2 + j
-                a = (a0 if j == 0 else a1).to(gl.float32)
-                b = (b0 if j == 0 else b1).to(gl.float32)
-                A_log = (A0 if j == 0 else A1).to(gl.float32)
-                x = a + (d0 if j == 0 else d1).to(gl.float32)
+                a, b, A_log, dt_bias = gates[j]
+                x = a.to(gl.float32) + dt_bias.to(gl.float32)
                 softplus = gl.where(x > 20.0, x, gl.log(1.0 + gl.exp(gl.minimum(x, 20.0))))
-                g_j = gl.where(mt, -gl.exp(A_log) * softplus, 0.0)
-                beta_j = gl.where(mt, 1.0 / (1.0 + gl.exp(-b)), 0.0)
+                g_j = gl.where(mt, -gl.exp(A_log.to(gl.float32)) * softplus, 0.0)
+                beta_j = gl.where(mt, 1.0 / (1.0 + gl.exp(-b.to(gl.float32))), 0.0)
                 gc_i = gl.sum(gl.where(causal, g_j[None, :], 0.0), 1)  # cumulative log-decay G, along i
                 gc_j = gl.convert_layout(gc_i, gl.SliceLayout(0, L2))
                 beta_i = gl.convert_layout(beta_j, gl.SliceLayout(1, L2))
