@@ -3,15 +3,17 @@
 A probe, GPU only (Gluon has no interpreter). It runs a copy of ``ocria/plugins/replay_ssm/hopper.py`` that takes one
 more argument, an int64 buffer of 128 stamps per CTA, and writes ``%clock64`` into it at fixed points (for the
 current file ``STAMP_PATCH``, which the test suite checks still applies; the twenty-sixth session's stamps were
-``replay_ssm_s26_timeline.patch`` on the file of commit 18ebf66):
+``replay_ssm_s26_timeline.patch`` on the file of commit 18ebf66, the twenty-seventh's ``replay_ssm_s27_timeline.patch``
+on that of 5b18949):
 consumer c (base 40 c): start, first inputs issued, per tile (up to 6) its start, its first chunk's arrival, the end of
 its chunk loop, the prep's matrices ready, the tile's end, and the partition's end; loader c (base 80 + 8 c): start,
 first, 4th, 5th and 9th TMA copy issued, end; prep (base 96): start, per group (up to 4) its matrices published and its
 keys and queries landed, end; consumer 0 also writes ``%globaltimer`` at its start and end (126, 127) with the clocks
-beside them (124, 125), which turn cycles into µs. Times are µs from the CTA's first stamp, medians over CTAs.
+beside them (124, 125), which turn cycles into µs. Stamps 106-123 are a probe's own (``SPARE``): whatever a scratch
+copy writes there is reported by index. Times are µs from the CTA's first stamp, medians over CTAs.
 
     cp ocria/plugins/replay_ssm/hopper.py /tmp/hopper_tl.py
-    patch /tmp/hopper_tl.py bench/results/replay_ssm_s27_timeline.patch
+    patch /tmp/hopper_tl.py bench/results/replay_ssm_s28_timeline.patch
     python bench/replay_ssm_timeline.py --hopper /tmp/hopper_tl.py --batch 8 16 32 64 --out /tmp/timeline.json
 """
 
@@ -33,7 +35,9 @@ from ocria.plugins.launch import sm_count  # noqa: E402
 from ocria.plugins.replay_ssm import kernel as K  # noqa: E402
 
 # The stamps for the current ocria/plugins/replay_ssm/hopper.py, as a patch of it.
-STAMP_PATCH = "bench/results/replay_ssm_s27_timeline.patch"
+STAMP_PATCH = "bench/results/replay_ssm_s28_timeline.patch"
+# Stamps no patch of ours writes: a probe's own (written as ``stamp_ptr + first * 128 + i``) come back by index.
+SPARE = range(106, 124)
 HEADS = (16, 32, 128)  # Hk, Hv, Dk = Dv: Qwen3.5's GDN layers
 TMAX = T = 16
 
@@ -54,6 +58,7 @@ def cta_times(s: list[int]) -> dict:
         cta[f"l{c}"] = [us(s[80 + 8 * c + j]) for j in range(6)]
     cta["prep"] = dict(start=us(s[96]), publish=[us(s[97 + j]) for j in range(4)],
                        loaded=[us(s[101 + j]) for j in range(4)], end=us(s[105]))
+    cta["spare"] = {i: us(s[i]) for i in SPARE if s[i]}
     return cta
 
 
@@ -97,6 +102,9 @@ def summary(row: dict) -> None:
     prep = [x["prep"] for x in ctas]
     print("  prep: keys landed", [median(p["loaded"][j] for p in prep) for j in range(4)],
           "published", [median(p["publish"][j] for p in prep) for j in range(4)])
+    spare = sorted({i for x in ctas for i in x["spare"]})
+    if spare:
+        print("  spare stamps:", {i: median(x["spare"].get(i) for x in ctas) for i in spare})
 
 
 def main() -> None:

@@ -96,12 +96,14 @@ if gluon is not None:
         return jt, slot, phase, gl.load(pending_ptr + slot, mask=ok, other=0)
 
     @gluon.jit
-    def _tile_inputs(i_b, i_h, i_v, slot, phase, n, q_ptr, k_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, T, Tmax, sq, sk,
+    def _tile_inputs(i_b, i_h, i_v, slot, phase, n, q_ptr, k_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, kq_dst, T, Tmax,
+                     sq, sk,
                      HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, DV: gl.constexpr, BV: gl.constexpr,
                      TP: gl.constexpr, BKC: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
         """What a tile needs before its chunks that nothing in this launch writes: the pending tokens' log-decays [TP]
-        (every thread holds all of them), writes U^T [BV, TP] and keys [TP, DK], and the new tokens' raw keys and
-        queries as [DK / BKC x TP, BKC] key chunks (bf16, as they come)."""
+        (every thread holds all of them), writes U^T [BV, TP] and keys [TP, DK] into registers; the new tokens' raw
+        keys and queries as [DK / BKC x TP, BKC] key chunks (bf16, as they come) copied by cp.async into ``kq_dst``
+        (one commit group), so they take no registers through the chunk loop before theirs."""
         COLS: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, num_warps], [0, 1])
         P3: gl.constexpr = gl.BlockedLayout([TP, 1], [16, 2], [1, num_warps], [0, 1])
         KPL: gl.constexpr = gl.BlockedLayout([4, 1], [1, 32], [num_warps, 1], [0, 1])
@@ -125,9 +127,11 @@ if gluon is not None:
         row = (i_b * T + rt).to(gl.int64)
         col = hk * DK + (rr // TP)[:, None] * BKC + rj[None, :]
         live = (rt < T)[:, None]
-        K3 = gl.load(k_ptr + row[:, None] * sk + col, mask=live, other=0.0)
-        Q3 = gl.load(q_ptr + row[:, None] * sq + col, mask=live, other=0.0)
-        return UpT, gp, Kp, K3, Q3
+        async_copy.async_copy_global_to_shared(kq_dst.slice(0, NKC * TP), k_ptr + row[:, None] * sk + col, mask=live)
+        async_copy.async_copy_global_to_shared(kq_dst.slice(NKC * TP, NKC * TP), q_ptr + row[:, None] * sq + col,
+                                               mask=live)  # fmt: skip
+        async_copy.commit_group()
+        return UpT, gp, Kp
 
     @gluon.jit
     def _tril_inverse(B, bufs, TP: gl.constexpr, MACC: gl.constexpr):
@@ -340,11 +344,12 @@ if gluon is not None:
         n_tiles = gl.maximum(gl.cdiv(n_groups - first, stride), 0) * NT
         g0 = gl.minimum(first, n_groups - 1)
         cur = _tile_inputs(g0 // HK, (g0 % HK) * 2 + c, 0, _pick(jt, slots, 0), _pick(jt, phases, 0),
-                           _pick(jt, ns, 0), q_ptr, k_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, T, Tmax, sq, sk, HK,
-                           HV, DK, DV, BV, TP, BKC, num_warps)  # fmt: skip
+                           _pick(jt, ns, 0), q_ptr, k_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, kq_smem.index(0), T,
+                           Tmax, sq, sk, HK, HV, DK, DV, BV, TP, BKC, num_warps)  # fmt: skip
         i = 0
         for kt in range(0, n_tiles):
-            UpT, gp, Kp, K3, Q3 = cur
+            UpT, gp, Kp = cur
+            kq = kq_smem.index(kt % 2)
             jg = kt // NT
             i_v = kt % NT
             g = first + jg * stride
@@ -355,25 +360,28 @@ if gluon is not None:
             n = _pick(jt, ns, jg)
             jn = (kt + 1) // NT
             gn = gl.minimum(first + jn * stride, n_groups - 1)  # past the last tile: a valid one, loaded for nothing
+            gl.thread_barrier()  # the tile before this one has read kq_smem[(kt + 1) % 2] and kp_smem
+            # The pending writes weighted by their decay to the end, exp(g_tot - G_t): every thread holds all the
+            # log-decays, so the sums stay in its registers. Computed before the next tile's loads go out: ptxas
+            # tracks those loads with the scoreboard these inputs had, and their first use after the loads' issue
+            # waited for the new loads too, a round trip per tile (2.4 us at batch 32).
+            g_tot = gl.sum(gp, 0)
+            G = gl.sum(gl.where(upto, gp[:, None], 0.0), 0)
+            w = gl.convert_layout(gl.exp(g_tot - G), gl.SliceLayout(0, COLS))
+            UwT = gl.convert_layout(UpT * w[None, :], aS)
+            kp_smem.store(gl.permute(Kp, (1, 0)))
             cur = _tile_inputs(gn // HK, (gn % HK) * 2 + c, (kt + 1) % NT, _pick(jt, slots, jn),
                                _pick(jt, phases, jn), _pick(jt, ns, jn), q_ptr, k_ptr, ring_k_ptr, ring_u_ptr,
-                               ring_g_ptr, T, Tmax, sq, sk, HK, HV, DK, DV, BV, TP, BKC, num_warps)  # fmt: skip
+                               ring_g_ptr, kq_smem.index((kt + 1) % 2), T, Tmax, sq, sk, HK, HV, DK, DV, BV, TP, BKC,
+                               num_warps)  # fmt: skip
             park = (slot * 2 + 1 - phase) * Tmax
             rt_v = gl.arange(0, TP, layout=gl.SliceLayout(0, VL))
             rv_v = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, VL))
             VT = gl.load(v_ptr + (i_b * T + rt_v).to(gl.int64)[None, :] * sv + i_h * DV + rv_v[:, None],
                          mask=(rt_v < T)[None, :], other=0.0)  # fmt: skip
-            # The pending writes weighted by their decay to the end, exp(g_tot - G_t): every thread holds all the
-            # log-decays, so the sums stay in its registers.
-            g_tot = gl.sum(gp, 0)
-            G = gl.sum(gl.where(upto, gp[:, None], 0.0), 0)
-            w = gl.convert_layout(gl.exp(g_tot - G), gl.SliceLayout(0, COLS))
-            UwT = gl.convert_layout(UpT * w[None, :], aS)
-            gl.thread_barrier()  # the previous tile's products have read kp_smem / kq_smem
-            kp_smem.store(gl.permute(Kp, (1, 0)))
-            kq_smem.slice(0, NKC * TP).store(K3)
-            kq_smem.slice(NKC * TP, NKC * TP).store(Q3)
+            async_copy.wait_group(1)  # this tile's keys and queries (copied a tile ago) have landed
             fence_async_shared()
+            gl.thread_barrier()
             decay_s = gl.exp(g_tot)
             s_base = state_ptr + (slot * HV + i_h) * DK * DV
             rk_s = gl.arange(0, BKC, layout=gl.SliceLayout(0, accS))
@@ -391,8 +399,8 @@ if gluon is not None:
                 # From the accumulator straight to global memory (nothing pending: the state stays as it is).
                 gl.store(s_base + (kc * BKC + rk_s[None, :]) * DV + rv_s[:, None], St, mask=(rk_s < n * BKC)[None, :])
                 Sb = gl.convert_layout(St.to(gl.bfloat16), aB)
-                X = warpgroup_mma(Sb, kq_smem.slice(kc * TP, TP).permute((1, 0)), X)
-                Y = warpgroup_mma(Sb, kq_smem.slice((NKC + kc) * TP, TP).permute((1, 0)), Y)
+                X = warpgroup_mma(Sb, kq.slice(kc * TP, TP).permute((1, 0)), X)
+                Y = warpgroup_mma(Sb, kq.slice((NKC + kc) * TP, TP).permute((1, 0)), Y)
                 i += 1
             # The new tokens in WY form, with the prep partition's matrices, norm factors and decays.
             buf = jg % NB
@@ -414,6 +422,7 @@ if gluon is not None:
             gl.store(ring_u_ptr + ((park + rt_t[None, :]) * HV + i_h) * DV + rv_t[:, None], UT, mask=mt)
             if i_v == NT - 1:
                 mbarrier.arrive(mempty.index(buf))  # both column tiles have read this group's matrices
+        async_copy.wait_group(0)  # nothing in flight at exit (the last copies were of a tile loaded for nothing)
 
     @gluon.jit
     def _consumer_buffers(desc, DK: gl.constexpr, BKC: gl.constexpr, BV: gl.constexpr, TP: gl.constexpr,
@@ -424,7 +433,7 @@ if gluon is not None:
         bufs = gl.allocate_shared_memory(gl.float32, [STAGES, BKC, BV], desc.layout)
         kp_smem = gl.allocate_shared_memory(gl.float32, [DK, TP],
                                             gl.NVMMASharedLayout.get_default_for([DK, TP], gl.float32))  # fmt: skip
-        kq_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * DK // BKC * TP, BKC],
+        kq_smem = gl.allocate_shared_memory(gl.bfloat16, [2, 2 * DK // BKC * TP, BKC],
                                             gl.NVMMASharedLayout.get_default_for([TP, BKC], gl.bfloat16))  # fmt: skip
         inv_ring = gl.allocate_shared_memory(gl.float32, [NB, TP, TP], tt)
         p_ring = gl.allocate_shared_memory(gl.float32, [NB, TP, TP], tt)
