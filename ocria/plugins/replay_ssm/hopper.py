@@ -26,7 +26,10 @@ The consumers wait for the prep only after their chunk loop, so the fold and the
 on the H200 against the prep and block kernels, same tree and call: bench/results/replay_ssm_s25_ws_ab_h200.json;
 the loads a group ahead against the session-25 file: bench/results/replay_ssm_s26_prefetch_ab_h200.json; the
 inverse on the tensor cores and the gated state loaders: bench/results/replay_ssm_s27_tc_ab_h200.json,
-bench/results/replay_ssm_s27_gate_stages_ab_h200.json.
+bench/results/replay_ssm_s27_gate_stages_ab_h200.json; the consumers' keys and queries by cp.async a tile ahead and
+their inputs' weights before the next tile's loads: bench/results/replay_ssm_s28_kq_ab_h200.json,
+bench/results/replay_ssm_s28_reorder_ab_h200.json; with ``OCRIA_PDL=1`` (launch.py) the kernel waits for the one
+before it after its shared-memory setup: bench/results/replay_ssm_s28_pdl_ab_h200.json.
 Gluon is experimental and its API moves between Triton releases, so this path runs only on the release it was
 checked with (``CHECKED_TRITON``); every other case takes the block kernel.
 """
@@ -35,7 +38,7 @@ import torch
 import triton
 from torch import Tensor
 
-from ocria.plugins.launch import capability, sm_count
+from ocria.plugins.launch import capability, pdl_args, sm_count
 
 try:
     from triton.experimental import gluon
@@ -457,7 +460,8 @@ if gluon is not None:
         ring_phase_ptr, pending_ptr, slot_ptr, o_ptr, n_groups, T, Tmax, scale, eps, sq, sk, sv, sa, sb,
         NT: gl.constexpr, HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, DV: gl.constexpr, BKC: gl.constexpr,
         BV: gl.constexpr, TP: gl.constexpr, STAGES: gl.constexpr, NB: gl.constexpr, MAXT: gl.constexpr,
-        REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr,
+        REGS: gl.constexpr, PREP_REGS: gl.constexpr, LOADER_REGS: gl.constexpr, PDL: gl.constexpr,
+        num_warps: gl.constexpr,
     ):  # fmt: skip
         pid = gl.program_id(0)
         stride = gl.num_programs(0)
@@ -483,6 +487,10 @@ if gluon is not None:
         prep_loaded = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(prep_loaded.index(0), count=1)
         fence_async_shared()
+        if PDL:  # as launch.pdl_enter: the shared-memory setup above overlaps the kernel before this one
+            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)  # fmt: skip
         gl.warp_specialize([
             (_consumer, (bufs0, full0, empty0, kp0, kq0, inv0, p0, vec0, mfull0, mempty0, q_ptr, k_ptr, v_ptr,
                          state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr, o_ptr,
@@ -523,5 +531,5 @@ def ws_verify(
         desc, q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids, o,
         n_groups, T, Tmax, Dk**-0.5, 1e-6, *strides, NT=Dv // BLOCK_V, HK=Hk, HV=Hv, DK=Dk, DV=Dv, BKC=KEY_CHUNK,
         BV=BLOCK_V, TP=TOKENS, STAGES=STAGES, NB=PREP_SLOTS, MAXT=maxt, REGS=CONSUMER_REGS, PREP_REGS=PREP_REGS,
-        LOADER_REGS=LOADER_REGS, num_warps=4,
+        LOADER_REGS=LOADER_REGS, num_warps=4, **pdl_args(v.device),
     )  # fmt: skip
