@@ -29,6 +29,13 @@ def test_cycles_become_microseconds_from_the_cta_start():
     assert cta["c1"]["tiles"] == []  # no stamps, no tiles
 
 
+def test_a_probes_spare_stamps_come_back_by_index():
+    s = stamps(per_ns=2.0)
+    s[107] = 1000 + int(4000 * 2.0)  # a scratch copy's own stamp, 4 µs after the CTA's start
+    cta = load_bench("replay_ssm_timeline").cta_times(s)
+    assert cta["spare"] == {107: 4.0}  # unwritten spare stamps are left out
+
+
 def test_a_missing_stamped_copy_is_named(monkeypatch, tmp_path):
     probe = load_bench("replay_ssm_timeline")
     monkeypatch.setattr(sys, "argv", ["replay_ssm_timeline.py", "--hopper", str(tmp_path / "none.py"),
