@@ -37,6 +37,7 @@ checked with (``CHECKED_TRITON``); every other case takes the block kernel.
 import torch
 import triton
 from torch import Tensor
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ocria.plugins.launch import capability, pdl_args, sm_count
 
@@ -488,9 +489,8 @@ if gluon is not None:
         mbarrier.init(prep_loaded.index(0), count=1)
         fence_async_shared()
         if PDL:  # as launch.pdl_enter: the shared-memory setup above overlaps the kernel before this one
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)  # fmt: skip
+            gdc_wait()
+            gdc_launch_dependents()
         gl.warp_specialize([
             (_consumer, (bufs0, full0, empty0, kp0, kq0, inv0, p0, vec0, mfull0, mempty0, q_ptr, k_ptr, v_ptr,
                          state_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, ring_phase_ptr, pending_ptr, slot_ptr, o_ptr,
