@@ -7,7 +7,8 @@ first runs bench/silu_quant.py's correctness inputs (every bf16 gate and up valu
 blocks, E2M1 ties, every bf16 value as the activation under several scales) against the PyTorch reference; a variant
 with a mismatching byte is not timed. Rows (tokens x width) are then timed like bench/silu_quant.py's table (a CUDA
 graph over rotating input copies, the kernel's default config), variants interleaved round by round, and reported
-against the bytes floor.
+against the bytes floor. ``--time-inexact`` times variants with mismatching bytes too: probes that leave work out on
+purpose (an instruction replaced by a move, say) to see what that work costs.
 
     git show HEAD:ocria/plugins/silu_quant/kernel.py > /tmp/head.py
     python bench/silu_quant_ab.py --variant head=/tmp/head.py --variant new=ocria/plugins/silu_quant/kernel.py \
@@ -42,6 +43,14 @@ def parse_rows(specs: list[str]) -> list[tuple[int, int]]:
     return rows
 
 
+def timed_variants(variants: list, checks: dict, time_inexact: bool) -> list:
+    """The variants to time: the byte-exact ones, or all of them for probes (``--time-inexact``)."""
+    inexact = [v.name for v in variants if any(c["mismatches"] for c in checks[v.name])]
+    if inexact and time_inexact:
+        print(f"timed although their bytes differ (probes): {', '.join(inexact)}")
+    return [v for v in variants if time_inexact or v.name not in inexact]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variant", action="append", required=True,
@@ -49,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mode", choices=SQ.MODES, default="nvfp4")
     ap.add_argument("--rows", nargs="+", default=["1024x6144", "1024x12288", "1024x18944", "4096x12288"])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--time-inexact", action="store_true",
+                    help="time variants whose bytes differ too (probes that leave work out)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     variants = load_variants(args.variant)
@@ -64,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
             checks[v.name] = SQ.correctness(scales, "cuda", v.module)
         bad = sum(c["mismatches"] for c in checks[v.name])
         print(f"{v.name}: {v.path}, {bad} mismatching bytes over {len(checks[v.name])} checks")
-    exact = [v for v in variants if all(c["mismatches"] == 0 for c in checks[v.name])]
+    exact = timed_variants(variants, checks, args.time_inexact)
     bw = copy_bandwidth()
     times: dict[str, dict[str, list[float]]] = {v.name: {} for v in exact}
     s = scales[args.mode]

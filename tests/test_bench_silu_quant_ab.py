@@ -2,6 +2,7 @@
 and malformed rows are refused with a one-line message before any kernel runs (the A/B itself needs the GPU)."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from bench_scripts import load_bench
@@ -36,3 +37,11 @@ def test_a_kernel_file_that_does_not_import_is_refused(tmp_path):
     broken.write_text("def silu_mul_quant_triton(:\n")
     with pytest.raises(SystemExit, match="does not load: SyntaxError"):
         load_bench("silu_quant_ab").main(["--variant", f"x={broken}", "--out", str(tmp_path / "ab.json")])
+
+
+def test_inexact_variants_are_timed_only_when_asked():
+    ab = load_bench("silu_quant_ab")
+    variants = [SimpleNamespace(name=n) for n in ("exact", "probe")]
+    checks = {"exact": [{"mismatches": 0}], "probe": [{"mismatches": 0}, {"mismatches": 3}]}
+    assert [v.name for v in ab.timed_variants(variants, checks, False)] == ["exact"]
+    assert [v.name for v in ab.timed_variants(variants, checks, True)] == ["exact", "probe"]
