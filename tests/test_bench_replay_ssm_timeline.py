@@ -1,13 +1,7 @@
-"""bench/replay_ssm_timeline.py is GPU only: its stamp arithmetic and its refusals are checked here."""
-
-import subprocess
-import sys
-from pathlib import Path
+"""bench/replay_ssm_timeline.py's stamp arithmetic (its refusals and patch: test_bench_stamp_probes.py)."""
 
 import pytest
 from bench_scripts import load_bench
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def stamps(per_ns: float) -> list[int]:
@@ -35,29 +29,3 @@ def test_a_probes_spare_stamps_come_back_by_index():
     cta = load_bench("replay_ssm_timeline").cta_times(s)
     assert cta["spare"] == {107: 4.0}  # unwritten spare stamps are left out
 
-
-def test_a_missing_stamped_copy_is_named(monkeypatch, tmp_path):
-    probe = load_bench("replay_ssm_timeline")
-    monkeypatch.setattr(sys, "argv", ["replay_ssm_timeline.py", "--hopper", str(tmp_path / "none.py"),
-                                      "--out", str(tmp_path / "x.json")])  # fmt: skip
-    with pytest.raises(SystemExit, match="none.py: no such file"):
-        probe.main()
-
-
-def test_without_a_gpu_it_says_so(monkeypatch, tmp_path):
-    probe = load_bench("replay_ssm_timeline")
-    copy = tmp_path / "hopper_tl.py"
-    copy.write_text("")
-    monkeypatch.setattr(probe.torch.cuda, "is_available", lambda: False)
-    argv = ["replay_ssm_timeline.py", "--hopper", str(copy), "--out", str(tmp_path / "x.json")]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit, match="none is visible"):
-        probe.main()
-    assert not (tmp_path / "x.json").exists()
-
-
-def test_the_stamp_patch_applies_to_the_kernel_file():
-    """The probe is only as good as its stamped copy: a kernel change that leaves the patch behind fails here."""
-    patch = load_bench("replay_ssm_timeline").STAMP_PATCH
-    check = subprocess.run(["git", "apply", "--check", patch], cwd=ROOT, capture_output=True, text=True)
-    assert check.returncode == 0, check.stderr
