@@ -75,22 +75,22 @@ def main(argv: list[str] | None = None) -> None:
             checks[v.name] = SQ.correctness(scales, "cuda", v.module)
         bad = sum(c["mismatches"] for c in checks[v.name])
         print(f"{v.name}: {v.path}, {bad} mismatching bytes over {len(checks[v.name])} checks")
-    exact = timed_variants(variants, checks, args.time_inexact)
+    timed = timed_variants(variants, checks, args.time_inexact)
     bw = copy_bandwidth()
-    times: dict[str, dict[str, list[float]]] = {v.name: {} for v in exact}
+    times: dict[str, dict[str, list[float]]] = {v.name: {} for v in timed}
     s = scales[args.mode]
     for m, n in rows:
         copies = max(1, min(64, -(-SQ.ROTATE_BYTES // (m * 4 * n))))
         xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
         for _ in range(args.rounds):
-            for v in exact:
+            for v in timed:
                 fns = [lambda x=x, K=v.module: K.silu_mul_quant_triton(x, args.mode, s) for x in xs]
                 with environment(v.env):
                     times[v.name].setdefault(f"{m}x{n}", []).append(time_calls(fns, 20))
         del xs
     table = []
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s")
-    names = [v.name for v in exact]
+    names = [v.name for v in timed]
     print(f"{'row':>12} {'floor µs':>9} " + " ".join(f"{n:>16}" for n in names))
     for m, n in rows:
         key = f"{m}x{n}"

@@ -30,7 +30,6 @@ from silu_quant_ab import parse_rows  # noqa: E402
 from timing import save_json  # noqa: E402
 
 from ocria.plugins import numerics as nx  # noqa: E402
-from ocria.plugins.launch import sm_count  # noqa: E402
 
 STAMP_PATCH = "bench/results/silu_quant_s29_stamps.patch"
 QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
@@ -63,9 +62,8 @@ def warp_times(stamps: torch.Tensor) -> dict:
 
 def run(K, M: int, N: int, device: torch.device) -> dict:
     cfg = K.default_config("nvfp4", M, N)
-    warps = cfg["blocks"] // 32
-    programs = min(-(-M * (N // 16) // cfg["blocks"]), cfg["programs_per_sm"] * sm_count(device))
-    stamps = torch.zeros(programs, warps, 1 + 2 * K.STAMP_TILES, dtype=torch.int64, device=device)
+    shape = (K.nvfp4_programs(M, N, cfg, device), cfg["blocks"] // 32, 1 + 2 * K.STAMP_TILES)  # as the launch's grid
+    stamps = torch.zeros(shape, dtype=torch.int64, device=device)
     K.STAMPS[0] = stamps
     scale = nx.nvfp4_global_scale(torch.tensor(12.0)).to(device)
     copies = max(2, -(-ROTATE_BYTES // (M * 4 * N)))

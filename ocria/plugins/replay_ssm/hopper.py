@@ -101,8 +101,7 @@ if gluon is not None:
 
     @gluon.jit
     def _tile_inputs(i_b, i_h, i_v, slot, phase, n, q_ptr, k_ptr, ring_k_ptr, ring_u_ptr, ring_g_ptr, kq_dst, T, Tmax,
-                     sq, sk,
-                     HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, DV: gl.constexpr, BV: gl.constexpr,
+                     sq, sk, HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, DV: gl.constexpr, BV: gl.constexpr,
                      TP: gl.constexpr, BKC: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
         """What a tile needs before its chunks that nothing in this launch writes: the pending tokens' log-decays [TP]
         (every thread holds all of them), writes U^T [BV, TP] and keys [TP, DK] into registers; the new tokens' raw

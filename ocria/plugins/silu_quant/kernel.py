@@ -534,12 +534,17 @@ def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int,
     )
 
 
+def nvfp4_programs(M: int, N: int, cfg: dict, device: torch.device) -> int:
+    """Programs of an NVFP4 launch under ``cfg``: ``programs_per_sm`` per SM walking the tiles (the interpreter counts
+    one SM), or one per tile where it is 0 or absent."""
+    tiles = triton.cdiv(M * (N // 16), cfg["blocks"])
+    return min(tiles, cfg["programs_per_sm"] * sm_count(device)) if cfg.get("programs_per_sm") else tiles
+
+
 def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: int, N: int, gated: bool,
                   cfg: dict) -> None:
     blocks, dev = cfg["blocks"], x.device
-    tiles = triton.cdiv(M * (N // 16), blocks)
-    # programs_per_sm: that many programs per SM walk the tiles (the interpreter counts one SM); 0: one per tile
-    grid = min(tiles, cfg["programs_per_sm"] * sm_count(dev)) if cfg.get("programs_per_sm") else tiles
+    grid = nvfp4_programs(M, N, cfg, dev)
     kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}.get(x.dtype)
     if kind is None:
         raise ValueError(f"NVFP4 activations from bf16, fp16 or fp32, got {x.dtype}")
