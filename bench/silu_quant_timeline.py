@@ -85,6 +85,8 @@ def main() -> None:
     if not Path(args.kernel).is_file():
         raise SystemExit(f"--kernel {args.kernel}: no such file (a copy of kernel.py with {STAMP_PATCH} applied)")
     rows = parse_rows(args.rows)
+    if args.max_blocks is not None and args.max_blocks not in (32, 64, 128, 256, 512, 1024):
+        raise SystemExit(f"--max-blocks {args.max_blocks}: use a power of two from 32 (one warp) to 1024 (32 warps)")
     if not torch.cuda.is_available():
         raise SystemExit("silu_quant_timeline: needs a CUDA GPU, none is visible")
     stamped = Variant("stamped", args.kernel, {"NVFP4_MAX_BLOCKS": args.max_blocks} if args.max_blocks else {})

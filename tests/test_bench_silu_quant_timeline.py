@@ -1,5 +1,8 @@
 """bench/silu_quant_timeline.py's stamp arithmetic (its refusals and patch: test_bench_stamp_probes.py)."""
 
+import sys
+
+import pytest
 import torch
 from bench_scripts import load_bench
 
@@ -27,3 +30,13 @@ def test_stamps_become_microseconds_from_the_first_warp():
     assert times["end_by_program_eighth"] == [2.6, 3.55]  # fewer programs than eighths: one group each
     assert times["end_by_warp"] == [2.6, 3.55]
 
+
+
+@pytest.mark.parametrize("blocks", ["0", "48", "2048"])
+def test_a_tiling_the_kernel_cannot_launch_is_refused(monkeypatch, tmp_path, blocks):
+    copy = tmp_path / "silu_tl.py"
+    copy.write_text("")
+    argv = ["silu_quant_timeline.py", "--kernel", str(copy), "--max-blocks", blocks, "--out", str(tmp_path / "x.json")]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=f"--max-blocks {blocks}: use a power of two"):
+        load_bench("silu_quant_timeline").main()
