@@ -14,7 +14,7 @@ Timing rows (tokens M x width N, gate_up [M, 2N] bf16):
   copy      a plain device copy moving the same bytes (half read, half written), timed like the kernel: what any
             kernel of that size pays for launch, ramp-up and drain on top of the floor (x copy: fused over it). A
             reference, not a bound: its time moves with where its buffers land (bench/results/
-            silu_quant_s30_copy_placement_h200.log: 13.6 against 9.7 µs for copies 4 KB apart in size)
+            silu_quant_s30_copy_placement_h200.log: 13.7 against 9.7 µs for copies of the same size)
 Timing: a CUDA graph of R calls over rotating input copies (>= 256 MB touched), median over replays / R.
 
     python3 bench/silu_quant.py --out bench/results/silu_quant_h200.json
