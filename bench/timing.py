@@ -1,6 +1,7 @@
 """Shared GPU timing, error measure and result writing for the benchmarks."""
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -14,22 +15,21 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1e-30))
 
 
-def time_calls(fns: list, min_calls: int = 20, replays: int = 15) -> float:
-    """Median µs per call of a CUDA graph that runs the closures round-robin (>= min_calls calls)."""
-    reps = max(1, -(-min_calls // len(fns)))
-    calls = fns * reps
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(stream)
+GRAPH_US = 2000.0  # a timed graph runs at least this long (time_calls)
+MAX_CALLS = 4096  # and holds at most this many calls
+
+
+def _capture(calls: list) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for f in calls:
             f()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def _replay_us(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> float:
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -37,8 +37,40 @@ def time_calls(fns: list, min_calls: int = 20, replays: int = 15) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+        times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
+
+
+def graph_reps(n_fns: int, min_calls: int, per_call_us: float | None = None, min_graph_us: float = GRAPH_US) -> int:
+    """Rounds of ``n_fns`` closures in a timed graph: at least ``min_calls`` calls, and, given a first estimate of a
+    call's µs, enough calls (up to about ``MAX_CALLS``) that one replay runs ``min_graph_us``."""
+    reps = max(1, -(-min_calls // n_fns))
+    if per_call_us:
+        want = min(MAX_CALLS, math.ceil(min_graph_us / per_call_us))
+        reps = max(reps, -(-want // n_fns))
+    return reps
+
+
+def time_calls(fns: list, min_calls: int = 20, replays: int = 15, min_graph_us: float = GRAPH_US) -> float:
+    """Median µs per call of a CUDA graph that runs the closures round-robin (``graph_reps`` rounds of them). Why
+    graphs of ``min_graph_us``: a replay's own launch is timed with its calls, about 7 µs on the H200, which over 22
+    calls of a 10 µs kernel added 0.3 µs to each (bench/results/graph_length_h200.json); a model's step graph spreads
+    it over hundreds of kernels."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(stream)
+    reps = graph_reps(len(fns), min_calls)
+    graph = _capture(fns * reps)
+    if min_graph_us > 0:
+        more = graph_reps(len(fns), min_calls, _replay_us(graph, len(fns) * reps, 3), min_graph_us)
+        if more > reps:
+            del graph
+            reps = more
+            graph = _capture(fns * reps)
+    return _replay_us(graph, len(fns) * reps, replays)
 
 
 def copy_bandwidth() -> float:
