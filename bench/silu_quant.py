@@ -15,7 +15,8 @@ Timing rows (tokens M x width N, gate_up [M, 2N] bf16):
             kernel of that size pays for launch, ramp-up and drain on top of the floor (x copy: fused over it). A
             reference, not a bound: its time moves with where its buffers land (bench/results/
             silu_quant_s30_copy_placement_h200.log: 13.7 against 9.7 µs for copies of the same size)
-Timing: a CUDA graph of R calls over rotating input copies (>= 256 MB touched), median over replays / R.
+Timing: a CUDA graph of R calls over rotating input copies (>= 256 MB touched), R enough for a replay of >= 2 ms
+(timing.time_calls), median over replays / R.
 
     python3 bench/silu_quant.py --out bench/results/silu_quant_h200.json
 CPU smoke run of the correctness part and the timed closures (Triton interpreter, no timing):

@@ -12,6 +12,10 @@ Timed like bench/silu_quant.py (a CUDA graph over rotating input copies, >= 256 
 NVFP4 bytes at the copy bandwidth measured in the same run.
 
     python3 bench/silu_quant_parts.py --out bench/results/silu_quant_parts_h200.json
+For a profiler, ``--launches N`` launches ocria::silu_mul_quant and then each variant N times (in that order, on
+rotating inputs) and times nothing; at the clock the card runs at (METHOD.md: leave the clocks alone):
+    ncu --clock-control none -k regex:"_nvfp4_kernel|_parts_kernel" --launch-skip 2 --launch-count 16 \
+        python3 bench/silu_quant_parts.py --shapes 1024x6144 --launches 3
 """
 
 import argparse
@@ -106,17 +110,42 @@ def shape_arg(text: str) -> tuple[int, int]:
     return m, n
 
 
+def profile_launches(shapes: list[tuple[int, int]], scale: torch.Tensor, launches: int) -> None:
+    """ocria::silu_mul_quant, then each of ``RUNS`` in order, ``launches`` times each per shape, each launch on the
+    next of a few input copies larger than L2 together (a profiler that flushes caches between passes reads DRAM
+    either way)."""
+    for m, n in shapes:
+        xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(3)]
+        out = torch.empty(m, n // 2, dtype=torch.uint8, device="cuda")
+        out_scale = torch.empty(m, n // 16, dtype=torch.uint8, device="cuda")
+        print(f"{m} x {n}: ocria::silu_mul_quant (_nvfp4_kernel), then " +
+              ", ".join(f"{name} ({blocks}b/{warps}w/{pps}pps)" for name, blocks, warps, pps in RUNS) +
+              f" (_parts_kernel), {launches} launches each", flush=True)
+        for i in range(launches):
+            silu_mul_quant_triton(xs[i % 3], "nvfp4", scale)
+        for name, blocks, warps, pps in RUNS:
+            for i in range(launches):
+                launch(xs[i % 3], scale, out, out_scale, VARIANTS.index(name), blocks, warps, pps)
+        torch.cuda.synchronize()
+        del xs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="+", type=shape_arg,
                     default=[(1024, 6144), (1024, 12288), (1024, 18944), (4096, 12288)],
                     help="tokens x width")
     ap.add_argument("--out", default="bench/results/silu_quant_parts_h200.json")
+    ap.add_argument("--launches", type=int, default=0,
+                    help="for a profiler: launch the kernel and each variant this many times, time nothing")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: the variants run the kernel's GPU code (inline PTX), which has no CPU form")
     torch.manual_seed(0)
     scale = nx.nvfp4_global_scale(torch.tensor(12.0)).cuda()
+    if args.launches:
+        profile_launches(args.shapes, scale, args.launches)
+        return
     bw = copy_bandwidth()
     rows = []
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
