@@ -8,9 +8,13 @@ instructions a thread issues per element predict their time. Counts are static: 
 """
 
 import argparse
+import re
+import sys
+from pathlib import Path
 
-from ptxas import compile_report, compile_sm90
-from timing import save_json
+sys.path.insert(0, str(Path(__file__).parent))  # ptxas.py and timing.py, also when loaded by path (tests)
+from ptxas import compile_report, compile_sm90  # noqa: E402
+from timing import save_json  # noqa: E402
 
 from ocria.plugins.silu_quant.kernel import (
     MODE_IDS,
@@ -64,7 +68,26 @@ def nvfp4_stats(n: int, cfg: dict) -> dict:
     types = dict(x_ptr="*i32", out_ptr="*i32", scale_ptr="*fp32", out_scale_ptr="*u8", M="i32", stride_xm="i32")
     out = compile_sm90(_nvfp4_kernel, types, consts, cfg["num_warps"],
                        divisible_by_16=("x_ptr", "out_ptr", "out_scale_ptr", "stride_xm"))
-    return _row("nvfp4", n, cfg, [1, 16 * cfg["blocks"]], 1, out)
+    return {**_row("nvfp4", n, cfg, [1, 16 * cfg["blocks"]], 1, out), **tile_loop_loads(out["sass"])}
+
+
+def tile_loop_loads(sass: str) -> dict:
+    """Where the tile loop issues its global loads (the next tile's, asked for at the top of the loop in the source):
+    SASS instructions (16 bytes each) from the loop's top to its first and last load, the loop's length, and its
+    quarter-rate instructions (ex2, rcp) before the first load and in all, the loop being the widest backward
+    branch."""
+    addr = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
+    code = [(int(m.group(1), 16), m.group(2)) for m in map(addr.search, sass.splitlines()) if m]
+    back = [(int(t, 16), a) for a, ins in code for t in re.findall(r"\bBRA (?:`\()?0x([0-9a-f]+)", ins)
+            if int(t, 16) < a]
+    top, end = min(back, key=lambda ta: ta[0] - ta[1])
+    loads = [a for a, ins in code if top <= a <= end and "LDG" in ins]
+    first = loads[0] if loads else end
+    return {"loop_instructions": (end - top) // 16 + 1, "loads_in_loop": len(loads),
+            "first_load_after": (loads[0] - top) // 16 if loads else None,
+            "last_load_after": (loads[-1] - top) // 16 if loads else None,
+            "mufu_before_first_load": sum(top <= a < first and ins.startswith("MUFU") for a, ins in code),
+            "mufu_in_loop": sum(top <= a <= end and ins.startswith("MUFU") for a, ins in code)}
 
 
 def _row(mode: str, n: int, cfg: dict, tile: list[int], passes: int, out: dict) -> dict:
