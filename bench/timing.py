@@ -53,8 +53,8 @@ def graph_reps(n_fns: int, min_calls: int, per_call_us: float | None = None, min
 
 def time_calls(fns: list, min_calls: int = 20, replays: int = 15, min_graph_us: float = GRAPH_US) -> float:
     """Median µs per call of a CUDA graph that runs the closures round-robin (``graph_reps`` rounds of them). Why
-    graphs of ``min_graph_us``: a replay's own launch is timed with its calls, about 7 µs on the H200, which over 22
-    calls of a 10 µs kernel added 0.3 µs to each (bench/results/graph_length_h200.json); a model's step graph spreads
+    graphs of ``min_graph_us``: a replay's own launch is timed with its calls, about 6 µs on the H200, which over 22
+    calls of a 10 µs kernel added 0.26 µs to each (bench/results/graph_length_h200.json); a model's step graph spreads
     it over hundreds of kernels."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
