@@ -7,7 +7,8 @@ Rows (batch x T, Qwen3.5-like heads, fp32 state, bf16 inputs, every slot with T 
   fla       flash-linear-attention fused_recurrent_gated_delta_rule (T tokens, final state out)
   floor     bytes replay_verify must move (state read + write once, pending ring in, inputs in,
             outputs and parked ring out) at the measured device copy bandwidth
-Timing: a CUDA graph of R calls over R disjoint slot sets (R x state > L2), median of replays / R.
+Timing: a CUDA graph of R calls over R disjoint slot sets (R x state > L2), repeated until a replay runs >= 2 ms,
+median of replays / calls.
 
     python3 bench/replay_ssm.py --out bench/results/replay_ssm_h200.json
 Launch A/B only (64x4 for every batch, as before launch_config, vs its pick and the --configs tiles):
@@ -31,7 +32,7 @@ import time
 import torch
 import triton
 import triton.language as tl
-from timing import copy_bandwidth
+from timing import copy_bandwidth, graph_reps
 
 from ocria.plugins.replay_ssm import kernel as K
 from ocria.plugins.replay_ssm import reference as R
@@ -95,7 +96,8 @@ def _fla():
 
 
 def _time_us(calls, device, reps=15):
-    """Median µs of one call: CUDA graph of all calls, median replay / len(calls); CPU: wall clock once."""
+    """Median µs of one call: a CUDA graph of the calls, repeated until a replay runs ``timing.GRAPH_US`` (so its own
+    launch is spread thin), median replay / calls in it; CPU: wall clock once."""
     if device.type != "cuda":
         t0 = time.perf_counter()
         for c in calls:
@@ -108,15 +110,38 @@ def _time_us(calls, device, reps=15):
             c()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
-    try:
+
+    def capture(rounds):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for c in calls:
+            for c in calls * rounds:
                 c()
+        return graph
+
+    def median_us(run, n_calls, replays):
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3 / n_calls)
+        return statistics.median(times)
+
+    rounds = 1
+    try:
+        graph = capture(1)
+        graph.replay()
+        rounds = graph_reps(len(calls), len(calls), median_us(graph.replay, len(calls), 3))
+        if rounds > 1:
+            del graph
+            graph = capture(rounds)
         run, method = graph.replay, "cuda-graph"
     except Exception as e:  # a library that cannot be captured is timed eagerly instead
         torch.cuda.synchronize()
         print(f"  graph capture failed ({type(e).__name__}: {str(e)[:80]}); eager timing", file=sys.stderr)
+        rounds = 1
 
         def run():
             for c in calls:
@@ -125,15 +150,7 @@ def _time_us(calls, device, reps=15):
         method = "eager"
     for _ in range(3):
         run()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times), method
+    return median_us(run, len(calls) * rounds, reps), method
 
 
 def parse_rows(rows: list[str]) -> list[tuple[int, int]]:
