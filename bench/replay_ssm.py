@@ -25,14 +25,13 @@ import json
 import math
 import os
 import shlex
-import statistics
 import sys
 import time
 
 import torch
 import triton
 import triton.language as tl
-from timing import copy_bandwidth, graph_reps
+from timing import capture_graph, copy_bandwidth, graph_reps, median_us
 
 from ocria.plugins.replay_ssm import kernel as K
 from ocria.plugins.replay_ssm import reference as R
@@ -111,32 +110,13 @@ def _time_us(calls, device, reps=15):
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
 
-    def capture(rounds):
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for c in calls * rounds:
-                c()
-        return graph
-
-    def median_us(run, n_calls, replays):
-        times = []
-        for _ in range(replays):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3 / n_calls)
-        return statistics.median(times)
-
     rounds = 1
     try:
-        graph = capture(1)
-        graph.replay()
+        graph = capture_graph(calls)
         rounds = graph_reps(len(calls), len(calls), median_us(graph.replay, len(calls), 3))
         if rounds > 1:
             del graph
-            graph = capture(rounds)
+            graph = capture_graph(calls * rounds)
         run, method = graph.replay, "cuda-graph"
     except Exception as e:  # a library that cannot be captured is timed eagerly instead
         torch.cuda.synchronize()

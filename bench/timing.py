@@ -19,7 +19,8 @@ GRAPH_US = 2000.0  # a timed graph runs at least this long (time_calls)
 MAX_CALLS = 4096  # and holds at most this many calls
 
 
-def _capture(calls: list) -> torch.cuda.CUDAGraph:
+def capture_graph(calls: list) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of the closures in order, replayed once."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for f in calls:
@@ -29,12 +30,13 @@ def _capture(calls: list) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _replay_us(graph: torch.cuda.CUDAGraph, calls: int, replays: int) -> float:
+def median_us(run, calls: int, replays: int) -> float:
+    """Median over ``replays`` timed runs of ``run`` (a graph's replay, or eager calls) of its µs per call."""
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        graph.replay()
+        run()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
@@ -63,14 +65,14 @@ def time_calls(fns: list, min_calls: int = 20, replays: int = 15, min_graph_us: 
             f()
     torch.cuda.current_stream().wait_stream(stream)
     reps = graph_reps(len(fns), min_calls)
-    graph = _capture(fns * reps)
+    graph = capture_graph(fns * reps)
     if min_graph_us > 0:
-        more = graph_reps(len(fns), min_calls, _replay_us(graph, len(fns) * reps, 3), min_graph_us)
+        more = graph_reps(len(fns), min_calls, median_us(graph.replay, len(fns) * reps, 3), min_graph_us)
         if more > reps:
             del graph
             reps = more
-            graph = _capture(fns * reps)
-    return _replay_us(graph, len(fns) * reps, replays)
+            graph = capture_graph(fns * reps)
+    return median_us(graph.replay, len(fns) * reps, replays)
 
 
 def copy_bandwidth() -> float:
