@@ -54,9 +54,10 @@ SWEEP_DYNAMIC += SWEEP_ROW_ELEMS
 ONE_AND_TWO_PASS = {"row_tiles": {"row_tiles": True, "num_warps": 8, "fast_silu": False},
                     "two_pass": {"block_m": 1, "block_n": 16, "num_warps": 4, "fast_silu": False}}
 # NVFP4: 16-element blocks per program, warps, and programs per SM walking the tiles (0: one program per tile)
-SWEEP_NVFP4 = [{"blocks": b, "num_warps": w, "programs_per_sm": p}
-               for b, w, p in ((256, 8, 0), (128, 4, 0), (256, 8, 4), (256, 8, 3), (128, 4, 8), (128, 4, 6),
-                               (512, 16, 2), (256, 8, 2))]
+# (with the default's register cap where a fourth number is given: 80 registers, 24 warps per SM)
+SWEEP_NVFP4 = [{"blocks": b, "num_warps": w, "programs_per_sm": p, **({"max_registers": r[0]} if r else {})}
+               for b, w, p, *r in ((128, 4, 6, 96), (64, 2, 12, 96), (32, 1, 24, 96), (256, 8, 3, 96), (256, 8, 0),
+                                   (128, 4, 0), (512, 16, 2), (256, 8, 2))]
 # Decode-sized NVFP4 (16 rows): smaller tiles spread a few rows over more SMs
 SWEEP_NVFP4_FEW_ROWS = [{"blocks": b, "num_warps": w, "programs_per_sm": 0}
                         for b, w in ((32, 1), (64, 2), (128, 4), (256, 8), (512, 16))]
@@ -101,6 +102,24 @@ def _mismatches(a, b) -> int:
     if b[1] is not None:
         bad += int((canon(a[1]) != canon(b[1])).sum())
     return bad
+
+
+def nvfp4_code_edges(scale: float, blocks: int, dev: str) -> torch.Tensor:
+    """[blocks / 32, 512] bf16 for NVFP4 under global ``scale``: in each 16-element block an anchor (its amax, so its
+    divisor d) and, with random signs, the two bf16 values around d b for each of the seven E2M1 decision points b
+    (where RN(h / d)'s code changes; ``kernel.E2M1_DECISIONS``), the last element random below the anchor."""
+    g = torch.Generator().manual_seed(1)
+    s = torch.tensor(scale, dtype=torch.float32)
+    anchor = (6 * s * torch.exp2(torch.empty(blocks).uniform_(-8.0, 8.6, generator=g))).to(torch.bfloat16).float()
+    d = nx.e4m3_decode(nx.e4m3_encode((anchor / (6 * s)).clamp(2**-9, 448))) * s
+    cols = [anchor]
+    for b, _ in kernel_module.E2M1_DECISIONS:
+        below = (d * b).view(torch.int32) & -65536
+        cols += [below.view(torch.float32), (below + 65536).view(torch.float32)]
+    cols.append(anchor * torch.rand(blocks, generator=g))
+    x = torch.stack(cols, dim=-1)
+    x = x * torch.where(torch.rand(x.shape, generator=g) < 0.5, -1.0, 1.0)
+    return x.to(torch.bfloat16).reshape(-1, 512).to(dev)
 
 
 def correctness(scales: dict, dev: str, kernel: ModuleType | None = None) -> list[dict]:
@@ -153,6 +172,11 @@ def correctness(scales: dict, dev: str, kernel: ModuleType | None = None) -> lis
             ref = quantize_act_reference(every, mode, s)
             rows.append({"input": f"every_bf16_value_scale_{sv}", "mode": mode, "elements": every.numel(),
                          "mismatches": _mismatches(got, ref)})
+    for sv in (1e-3, 0.37, float(scales["nvfp4"])):  # NVFP4 codes next to their decision points
+        edges, s = nvfp4_code_edges(sv, 4096 if dev == "cuda" else 64, dev), torch.tensor([sv], device=dev)
+        rows.append({"input": f"nvfp4_code_edges_scale_{sv:.4g}", "mode": "nvfp4", "elements": edges.numel(),
+                     "mismatches": _mismatches(K.quantize_act_triton(edges, "nvfp4", s),
+                                               quantize_act_reference(edges, "nvfp4", s))})
     for sv in (100.0, 1e-19):  # NVFP4 from gate_up under global scales outside [2^-60, 64]
         s = torch.tensor([sv], device=dev)
         rows.append({"input": f"{name_rnd}_scale_{sv}", "mode": "nvfp4", "elements": rnd.numel() // 2,

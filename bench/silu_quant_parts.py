@@ -32,10 +32,9 @@ from timing import copy_bandwidth, save_json, time_calls
 from ocria.plugins import numerics as nx
 from ocria.plugins.launch import sm_count
 from ocria.plugins.silu_quant.kernel import (
+    NVFP4_MAX_REGISTERS,
     _nvfp4_loads,
-    _nvfp4_tile_scales,
-    _nvfp4_tile_words,
-    _pair_activation,
+    _nvfp4_tile,
     _rcp,
     silu_mul_quant_triton,
 )
@@ -43,10 +42,10 @@ from ocria.plugins.silu_quant.kernel import (
 ROTATE_BYTES = 256 << 20
 VARIANTS = ("full", "memory_only", "compute_l2", "no_prefetch", "empty")  # WHAT: the index
 FULL, MEMORY_ONLY, COMPUTE_L2, NO_PREFETCH, EMPTY = (tl.constexpr(i) for i in range(len(VARIANTS)))
-# (variant, blocks per tile, warps, programs per SM): the kernel's default shape at 1024 tokens, and no_prefetch at
-# 40 registers, 48 warps per SM
-RUNS = [("full", 512, 16, 2), ("memory_only", 512, 16, 2), ("compute_l2", 512, 16, 2), ("no_prefetch", 128, 4, 12),
-        ("empty", 512, 16, 2)]
+# (variant, blocks per tile, warps, programs per SM): the kernel's default shape at 1024 tokens, under its register
+# cap (NVFP4_MAX_REGISTERS), and no_prefetch uncapped at 45 registers, 40 warps per SM
+RUNS = [("full", 128, 4, 6), ("memory_only", 128, 4, 6), ("compute_l2", 128, 4, 6), ("no_prefetch", 128, 4, 10),
+        ("empty", 128, 4, 6)]
 
 
 @triton.jit
@@ -79,12 +78,8 @@ def _parts_kernel(x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.
                 words = tl.join(tl.sum(g0 ^ u0, 1), tl.sum(g1 ^ u1, 1))
                 tl.store(out_scale_ptr + blk, tl.sum(g0, 1).to(tl.uint8), mask=bmask)
             else:
-                even0, odd0 = _pair_activation(g0, u0, True, 0, True, True)
-                even1, odd1 = _pair_activation(g1, u1, True, 0, True, True)
-                bamax, scode, denom, inv = _nvfp4_tile_scales(even0, odd0, even1, odd1, scale, inv_s6, True)
+                _, scode, words = _nvfp4_tile(g0, u0, g1, u1, scale, inv_s6, True, True, 0, True, True, True)
                 tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
-                words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, True, True)
-                words = tl.where((bamax != bamax)[:, None], 0x77777777, words)
             tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
             g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1
 
@@ -95,8 +90,9 @@ def launch(x: torch.Tensor, scale: torch.Tensor, out: torch.Tensor, out_scale: t
     m, n = x.shape[0], x.shape[1] // 2
     words = x.view(torch.int32)
     grid = min(triton.cdiv(m * (n // 16), blocks), programs_per_sm * sm_count(x.device))
+    cap = {} if what == VARIANTS.index("no_prefetch") else {"maxnreg": NVFP4_MAX_REGISTERS}
     _parts_kernel[(grid,)](words, out.view(torch.int32), scale, out_scale, m, words.stride(0), N=n, BLOCKS=blocks,
-                           WHAT=what, num_warps=warps)
+                           WHAT=what, num_warps=warps, **cap)
 
 
 def shape_arg(text: str) -> tuple[int, int]:

@@ -63,23 +63,27 @@ def row_stats(n: int, cfg: dict) -> dict:
 
 
 def nvfp4_stats(n: int, cfg: dict) -> dict:
-    """NVFP4 (``_nvfp4_kernel``: one 16-element block per thread as pair words, eight codes per int32 word)."""
+    """NVFP4 (``_nvfp4_kernel``: one 16-element block per thread as pair words, eight codes per int32 word). Both of
+    its loops are in the count; ``loop_instructions`` / 16 is per element on the bf16 path (its compares, HSET2)."""
     consts = dict(N=n, GATED=True, KIND=0, ON_GPU=True, FAST_SILU=cfg["fast_silu"], BLOCKS=cfg["blocks"], PDL=False)
     types = dict(x_ptr="*i32", out_ptr="*i32", scale_ptr="*fp32", out_scale_ptr="*u8", M="i32", stride_xm="i32")
     out = compile_sm90(_nvfp4_kernel, types, consts, cfg["num_warps"],
-                       divisible_by_16=("x_ptr", "out_ptr", "out_scale_ptr", "stride_xm"))
-    return {**_row("nvfp4", n, cfg, [1, 16 * cfg["blocks"]], 1, out), **tile_loop_loads(out["sass"])}
+                       divisible_by_16=("x_ptr", "out_ptr", "out_scale_ptr", "stride_xm"),
+                       maxnreg=cfg.get("max_registers"))
+    return {**_row("nvfp4", n, cfg, [1, 16 * cfg["blocks"]], 1, out), **tile_loop_loads(out["sass"], "HSET2")}
 
 
-def tile_loop_loads(sass: str) -> dict:
+def tile_loop_loads(sass: str, opcode: str | None = None) -> dict:
     """Where the tile loop issues its global loads (the next tile's, asked for at the top of the loop in the source):
     SASS instructions (16 bytes each) from the loop's top to its first and last load, the loop's length, and its
     quarter-rate instructions (ex2, rcp) before the first load and in all, the loop being the widest backward
-    branch."""
+    branch, or the widest with an ``opcode`` instruction in it (the NVFP4 kernel has a loop per path)."""
     addr = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
     code = [(int(m.group(1), 16), m.group(2)) for m in map(addr.search, sass.splitlines()) if m]
     back = [(int(t, 16), a) for a, ins in code for t in re.findall(r"\bBRA (?:`\()?0x([0-9a-f]+)", ins)
             if int(t, 16) < a]
+    if opcode:
+        back = [(t, a) for t, a in back if any(t <= at <= a and ins.startswith(opcode) for at, ins in code)]
     top, end = min(back, key=lambda ta: ta[0] - ta[1])
     loads = [a for a, ins in code if top <= a <= end and "LDG" in ins]
     first = loads[0] if loads else end

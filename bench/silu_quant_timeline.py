@@ -11,7 +11,7 @@ programs and of each warp index (the twenty-ninth session's runs: a program's wa
 second program launched on an SM ends later than the first).
 
     cp ocria/plugins/silu_quant/kernel.py /tmp/silu_tl.py
-    patch /tmp/silu_tl.py bench/results/silu_quant_s29_stamps.patch
+    patch /tmp/silu_tl.py bench/results/silu_quant_s32_stamps.patch
     python bench/silu_quant_timeline.py --kernel /tmp/silu_tl.py --rows 1024x6144 1024x12288 --out /tmp/tl.json
 """
 
@@ -31,7 +31,7 @@ from timing import save_json  # noqa: E402
 
 from ocria.plugins import numerics as nx  # noqa: E402
 
-STAMP_PATCH = "bench/results/silu_quant_s29_stamps.patch"
+STAMP_PATCH = "bench/results/silu_quant_s32_stamps.patch"
 QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
 
 

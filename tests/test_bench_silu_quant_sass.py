@@ -18,3 +18,20 @@ def test_the_loop_is_the_backward_branch_and_its_loads_are_counted_from_its_top(
     got = load_bench("silu_quant_sass").tile_loop_loads(SASS)
     assert got == {"loop_instructions": 5, "loads_in_loop": 1, "first_load_after": 2, "last_load_after": 2,
                    "mufu_before_first_load": 1, "mufu_in_loop": 1}
+
+
+EXIT = "        /*0070*/                   EXIT ;                                /* 0x000000000000794d */\n"
+TWO_LOOPS = SASS.replace(EXIT, """\
+        /*0070*/                   HSET2 R1, R2, R3 ;                    /* 0x0000000000000000 */
+        /*0080*/                   LDG.E.64 R8, desc[UR4][R6.64] ;       /* 0x0000000000000000 */
+        /*0090*/               @P1 BRA 0x70 ;                            /* 0x0000000000000000 */
+        /*00a0*/                   EXIT ;                                /* 0x000000000000794d */
+""")
+
+
+def test_a_loop_can_be_picked_by_an_opcode_in_it():
+    """The NVFP4 kernel has a loop per path: the widest is the fallback's, the bf16 path's has the compares."""
+    sass = load_bench("silu_quant_sass")
+    assert sass.tile_loop_loads(TWO_LOOPS)["loop_instructions"] == 5
+    got = sass.tile_loop_loads(TWO_LOOPS, "HSET2")
+    assert (got["loop_instructions"], got["first_load_after"], got["mufu_in_loop"]) == (3, 1, 0)

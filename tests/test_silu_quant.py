@@ -19,7 +19,13 @@ from ocria.plugins.silu_quant import (
     silu_mul_quant,
     silu_mul_quant_reference,
 )
-from ocria.plugins.silu_quant.kernel import quantize_act_triton, row_tile_elems, row_tiling, silu_mul_quant_triton
+from ocria.plugins.silu_quant.kernel import (
+    E2M1_DECISIONS,
+    quantize_act_triton,
+    row_tile_elems,
+    row_tiling,
+    silu_mul_quant_triton,
+)
 
 SCALES = {"bf16": None, "fp8_static": torch.tensor([0.02]), "fp8_dynamic": None,
           "nvfp4": nx.nvfp4_global_scale(torch.tensor(12.0))}
@@ -228,6 +234,48 @@ def test_custom_op_compiles_whole_and_gives_the_eager_bytes(mode):
     assert all(g.shape == w.shape and g.dtype == w.dtype for g, w in zip(got[2:], want[:2], strict=True))
 
 
+def _codes_by_floors(h: torch.Tensor, d: float, decisions) -> torch.Tensor:
+    """E2M1 magnitude codes of bf16 |h| under divisor d as the GPU's packed path counts them: the number of floors
+    F_k = floor_bf16(RD_fp32(d m_k)) below |h|, m_k = b_k + offset_k. d m_k is exact in float64 (24 + 27 bits)."""
+    code = torch.zeros(h.shape, dtype=torch.int32)
+    for b, off in decisions:
+        exact = torch.tensor(d, dtype=torch.float64) * (b + off)
+        rd = exact.to(torch.float32)
+        if rd.double() > exact:
+            rd = torch.nextafter(rd, torch.tensor(-float("inf")))
+        floor = (rd.view(torch.int32) & -65536).view(torch.float32)
+        code += (h.abs().float() > floor).to(torch.int32)
+    return code
+
+
+def _nvfp4_divisors() -> list[float]:
+    """Block divisors d = fp32(E4M3 block scale x global scale): calibrated-looking and adversarial (24-bit)
+    global scales across [2^-60, 64], at small, unit and large block scales."""
+    g = torch.Generator().manual_seed(0)
+    scales = [1.0, 2.0**-60, 64.0, float(nx.nvfp4_global_scale(torch.tensor(12.0)))]
+    scales += [float(m) * 2.0**e for m, e in zip(torch.randint(2**23, 2**24, (60,), generator=g).tolist(),
+                                                 torch.randint(-83, -17, (60,), generator=g).tolist())]
+    e4m3 = nx.e4m3_decode(torch.arange(1, 0x7F, dtype=torch.uint8))
+    picks = [e4m3[0], e4m3[63], e4m3[-1]] + [e4m3[i] for i in torch.randint(0, e4m3.numel(), (3,), generator=g)]
+    return [float(torch.tensor(float(sc), dtype=torch.float32) * torch.tensor(s, dtype=torch.float32))
+            for s in scales for sc in picks]
+
+
+def test_nvfp4_floor_compares_give_modelopt_codes():
+    """The GPU's bf16 NVFP4 path codes |h| by comparing it with seven floors per block (``E2M1_DECISIONS``), no
+    quotient: for every non-negative bf16 value (subnormals and inf included) and 384 divisors its code is ModelOpt's,
+    E2M1(RN(h / d)). A decision with the tie sent the other way (0.75 as '>') misses."""
+    h = (torch.arange(0, 0x7F81, dtype=torch.int32) << 16).view(torch.float32)
+    for d in _nvfp4_divisors():
+        want = nx.e2m1_encode(h / torch.tensor(d, dtype=torch.float32)).to(torch.int32)
+        assert torch.equal(_codes_by_floors(h, d, E2M1_DECISIONS), want), d
+    wrong = list(E2M1_DECISIONS)
+    wrong[1] = (0.75, -wrong[1][1])
+    d = 1.0
+    want = nx.e2m1_encode(h / torch.tensor(d))
+    assert not torch.equal(_codes_by_floors(h, d, wrong), want.to(torch.int32))
+
+
 # Compiles the NVFP4 kernel for sm_90a as a launch on Hopper would, for every input dtype, gated and not
 # (bench/ptxas.py: Triton's code generator, then its bundled ptxas; no GPU needed).
 _COMPILE_NVFP4_FOR_HOPPER = """
@@ -257,6 +305,31 @@ def test_nvfp4_kernel_compiles_for_hopper_from_every_input_dtype():
     """The interpreter runs the kernel as Python, so it cannot see what only Triton's code generator rejects (fp16
     and fp32 inputs once failed there: two returns of different types in one helper)."""
     _run_without_interpreter(_COMPILE_NVFP4_FOR_HOPPER)
+
+
+# The default NVFP4 launch compiled for sm_90a: its registers, spills, and where its loop issues the next tile's loads
+_NVFP4_DEFAULT_BUILD = """
+import sys
+sys.path.insert(0, "bench")
+from silu_quant_sass import nvfp4_stats
+from ocria.plugins.silu_quant.kernel import default_config
+for m in (16, 1024):
+    cfg = default_config("nvfp4", m, 6144)
+    r = nvfp4_stats(6144, cfg)
+    print(cfg["programs_per_sm"] * cfg["num_warps"], r["registers"], r["spill_store_bytes"], r["first_load_after"],
+          r["loop_instructions"])
+"""
+
+
+def test_default_nvfp4_launch_keeps_its_warps_resident_and_loads_early():
+    """``default_config`` launches NVFP4_WARPS_PER_SM warps per SM: the loop's registers (allocated in eights) must
+    let all of them be resident at once, or the last programs start a second wave. The register cap is there for
+    the loads: the next tile's must go out in the loop's first third (without the cap ptxas puts them at its end,
+    and the loop's memory time no longer overlaps its arithmetic)."""
+    for line in _run_without_interpreter(_NVFP4_DEFAULT_BUILD).splitlines():
+        warps, registers, spills, first_load, loop = map(int, line.split())
+        assert warps * 32 * -(-registers // 8) * 8 <= 65536 and spills == 0, line
+        assert first_load < loop // 3, line
 
 
 _COMPILE_SILU_FAST_AND_IEEE = """

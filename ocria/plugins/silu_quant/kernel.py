@@ -30,6 +30,8 @@ Per-token FP8 needs a row's amax before its first byte. Rows up to 32768 wide ar
 ``_token_fp8_row_kernel`` (one pass: h computed once); wider ones walk the row twice in ``_silu_mul_quant_kernel``.
 """
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -109,11 +111,11 @@ def _e2m1_word(even, odd, denom, inv, ON_GPU: tl.constexpr, NONZERO: tl.constexp
 # its one rounding of the exact product of two bf16 values is the fp32 product's rounding to bf16. Not an IEEE
 # quotient, but the bf16 it rounds to is PyTorch's for every one of the 65536 bf16 gate values (and the product
 # PyTorch's for every bf16 up value), checked on the H200 by bench/silu_quant.py: with 65536 inputs that is complete.
-_SILU_MUL_BF16X2 = tl.constexpr("""{
+_SILU_BF16X2_BODY = """
 .reg .f32 g0, g1, e0, e1, r0, r1;
-.reg .b32 sp, hp;
-shl.b32 g0, $2, 16;
-and.b32 g1, $2, 0xffff0000;
+.reg .b32 sp;
+shl.b32 g0, {g}, 16;
+and.b32 g1, {g}, 0xffff0000;
 mul.f32 e0, g0, 0fBFB8AA3B;
 mul.f32 e1, g1, 0fBFB8AA3B;
 ex2.approx.ftz.f32 e0, e0;
@@ -127,10 +129,11 @@ mul.f32 g1, g1, 0f3E800000;
 mul.f32 g0, g0, r0;
 mul.f32 g1, g1, r1;
 cvt.rn.bf16x2.f32 sp, g1, g0;
-mul.rn.bf16x2 hp, sp, $3;
-shl.b32 $0, hp, 16;
-and.b32 $1, hp, 0xffff0000;
-}""")
+mul.rn.bf16x2 {h}, sp, {u};
+"""
+_SILU_MUL_BF16X2 = tl.constexpr("{\n.reg .b32 hp;" + _SILU_BF16X2_BODY.format(g="$2", u="$3", h="hp")
+                                + "shl.b32 $0, hp, 16;\nand.b32 $1, hp, 0xffff0000;\n}")
+_SILU_MUL_PACKED = tl.constexpr("{" + _SILU_BF16X2_BODY.format(g="$1", u="$2", h="$0") + "}")
 
 
 @triton.jit
@@ -144,6 +147,106 @@ def _silu_mul_pairs(g2, u2):
     """(h of the even element, h of the odd) for int32 words of two bf16 gate / up values (GPU only)."""
     return tl.inline_asm_elementwise(_SILU_MUL_BF16X2, "=f,=f,r,r", [g2, u2], dtype=(tl.float32, tl.float32),
                                      is_pure=True, pack=1)
+
+
+@triton.jit
+def _silu_mul_packed(g2, u2):
+    """bf16x2 words of h (even element low) for int32 words of two bf16 gate / up values (GPU only)."""
+    return tl.inline_asm_elementwise(_SILU_MUL_PACKED, "=r,r,r", [g2, u2], dtype=tl.int32, is_pure=True, pack=1)
+
+
+# NVFP4 codes of bf16 h without a quotient (GPU, global scales in [2^-60, 64]): ModelOpt's code is
+# code(RN(|h| / d)), and code(q) >= k exactly when q >= b_k (ties going up to an even code) or q > b_k (ties going
+# down), b = 0.25 (>), 0.75 (>=), 1.25 (>), 1.75 (>=), 2.5 (>), 3.5 (>=), 5 (>). RN(x) >= b holds for x at or above
+# the midpoint below b, RN(x) > b for x above the midpoint over b: |h| / d >= m_k with m_k = b_k -+ half an fp32 ulp.
+# d m_k is never a bf16 value (the odd part of m_k has 25 bits, a bf16 value's at most 8), so for bf16 |h| that is
+# |h| > F_k with F_k the largest bf16 below d m_k: floor_bf16(RD(d m_k)), the product by one fma.rm of d, b_k and the
+# exact d (m_k - b_k), the floor by cvt.rz.bf16x2, which also puts F_k in both halves of a word. The code is then
+# the number of F_k below |h|: three bf16x2 compares of a binary search per pair of elements, no fp32 arithmetic.
+# (b_k, m_k - b_k) for k = 1..7: the decision points and the offsets of the midpoints that decide them
+E2M1_DECISIONS = ((0.25, 2.0**-26), (0.75, -(2.0**-25)), (1.25, 2.0**-24), (1.75, -(2.0**-24)), (2.5, 2.0**-23),
+                  (3.5, -(2.0**-23)), (5.0, 2.0**-22))
+
+
+def _ptx_f32(value: float) -> str:
+    return f"0f{struct.unpack('<I', struct.pack('<f', value))[0]:08X}"
+
+
+_NVFP4_FLOORS = tl.constexpr("{\n.reg .f32 c, p;\n" + "".join(
+    f"mul.f32 c, $7, {_ptx_f32(off)};\nfma.rm.f32 p, $7, {_ptx_f32(b)}, c;\ncvt.rz.bf16x2.f32 ${k}, p, p;\n"
+    for k, (b, off) in enumerate(E2M1_DECISIONS)) + "}")
+
+
+def _e2m1_pair_asm(pair: str, dest: str, first: bool, even_bit: int, odd_bit: int) -> str:
+    """PTX for the two E2M1 codes of the bf16x2 word ``pair`` (floors F_1..F_7 in $5..$11), or'ed into ``dest``:
+    the even element's code at bit ``even_bit``, the odd one's at ``odd_bit`` (>= 16), each with its sign at + 3."""
+    def at(k: int) -> str:
+        return f"0x{(1 << (odd_bit + k)) | (1 << (even_bit + k)):08X}"
+    return f"""and.b32 a, {pair}, 0x7FFF7FFF;
+set.gt.u32.bf16x2 m1, a, $8;
+lop3.b32 t, m1, $10, $6, 0xCA;
+set.gt.u32.bf16x2 m2, a, t;
+lop3.b32 x, m1, $11, $7, 0xCA;
+lop3.b32 y, m1, $9, $5, 0xCA;
+lop3.b32 t, m2, x, y, 0xCA;
+set.gt.u32.bf16x2 m3, a, t;
+set.lt.u32.bf16x2 s, {pair}, z;
+{"and.b32 " + dest + ", m1, " + at(2) if first else "lop3.b32 " + dest + ", m1, " + at(2) + ", " + dest + ", 0xEA"};
+lop3.b32 {dest}, m2, {at(1)}, {dest}, 0xEA;
+lop3.b32 {dest}, m3, {at(0)}, {dest}, 0xEA;
+lop3.b32 {dest}, s, {at(3)}, {dest}, 0xEA;
+"""
+
+
+# Eight E2M1 codes from four bf16x2 words of h ($1..$4, elements 0..7) and the block's floors ($5..$11): the codes
+# of words 0 and 1 go to bits 0, 20, 8, 28 of c01 (a compare's mask covers its element's half of the word), so that
+# c01 + (c01 >> 16) holds elements 0..3 in its low 16 bits, in order; words 2 and 3 likewise; one prmt joins them.
+# lop3 0xCA is a ? b : c, 0xEA is (a & b) | c.
+_E2M1_PACKED_WORD = tl.constexpr("""{
+.reg .b32 a, m1, m2, m3, s, t, x, y, z, c01, c23;
+mov.b32 z, 0;
+""" + _e2m1_pair_asm("$1", "c01", True, 0, 20) + _e2m1_pair_asm("$2", "c01", False, 8, 28)
+    + _e2m1_pair_asm("$3", "c23", True, 0, 20) + _e2m1_pair_asm("$4", "c23", False, 8, 28) + """shr.b32 t, c01, 16;
+add.s32 c01, c01, t;
+shr.b32 t, c23, 16;
+add.s32 c23, c23, t;
+prmt.b32 $0, c01, c23, 0x5410;
+}""")
+
+
+@triton.jit
+def _nvfp4_packed_tile(hp0, hp1, scale, inv_s6):
+    """(amax [B], E4M3 scale codes [B], [B, 2] int32 code words) of a tile's blocks from the bf16x2 words of their h
+    ([B, 4] each half; GPU, global scale in [2^-60, 64]). The amax is an unsigned 16-bit max of |h|'s bits (NaN
+    bits above inf's, so a NaN wins), exact for subnormal h too."""
+    B: tl.constexpr = hp0.shape[0]
+    m = _max_u16x2(hp0 & 0x7FFF7FFF, hp1 & 0x7FFF7FFF)
+    m01, m23 = tl.split(tl.reshape(m, [B, 2, 2]))
+    m = _max_u16x2(m01, m23)
+    m0, m1 = tl.split(m)
+    m = _max_u16x2(m0, m1)
+    bamax = tl.maximum(m << 16, m & -65536).to(tl.float32, bitcast=True)
+    scode, denom, _ = _nvfp4_block_scales(bamax, scale, inv_s6, True)
+    floors = tl.inline_asm_elementwise(_NVFP4_FLOORS, "=r,=r,=r,=r,=r,=r,=r,f", [denom], dtype=(tl.int32,) * 7,
+                                       is_pure=True, pack=1)
+    return bamax, scode, tl.join(_e2m1_packed_word(hp0, floors), _e2m1_packed_word(hp1, floors))
+
+
+@triton.jit
+def _max_u16x2(a, b):
+    return tl.inline_asm_elementwise("max.u16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _e2m1_packed_word(hp, floors):
+    """[B] int32 of the eight E2M1 codes of [B, 4] bf16x2 words of h, element k in bits 4k..4k+3."""
+    B: tl.constexpr = hp.shape[0]
+    p02, p13 = tl.split(tl.reshape(hp, [B, 2, 2]))
+    p0, p2 = tl.split(p02)
+    p1, p3 = tl.split(p13)
+    f1, f2, f3, f4, f5, f6, f7 = floors
+    return tl.inline_asm_elementwise(_E2M1_PACKED_WORD, "=r" + ",r" * 11, [p0, p1, p2, p3, f1, f2, f3, f4, f5, f6, f7],
+                                     dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -317,6 +420,48 @@ def _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU: tl.constexpr
 
 
 @triton.jit
+def _nvfp4_tile(g0, u0, g1, u1, scale, inv_s6, nonzero, GATED: tl.constexpr, KIND: tl.constexpr,
+                ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr, PACKED: tl.constexpr):
+    """(amax [B], E4M3 scale codes [B], [B, 2] int32 code words, NaN blocks' words 0x77777777) of a tile from its
+    pair words. PACKED: bf16 h kept as bf16x2 words and coded against the block's floors (``_nvfp4_packed_tile``);
+    otherwise h in fp32 and the quotient's E2M1 code, ``nonzero`` as ``_e2m1_nibbles``' NONZERO."""
+    if PACKED:
+        if GATED:
+            hp0, hp1 = _silu_mul_packed(g0, u0), _silu_mul_packed(g1, u1)
+        else:
+            hp0, hp1 = g0, g1
+        bamax, scode, words = _nvfp4_packed_tile(hp0, hp1, scale, inv_s6)
+    else:
+        even0, odd0 = _pair_activation(g0, u0, GATED, KIND, ON_GPU, FAST_SILU)
+        even1, odd1 = _pair_activation(g1, u1, GATED, KIND, ON_GPU, FAST_SILU)
+        bamax, scode, denom, inv = _nvfp4_tile_scales(even0, odd0, even1, odd1, scale, inv_s6, ON_GPU)
+        if nonzero:
+            words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU, True)
+        else:
+            words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU, False)
+    return bamax, scode, tl.where((bamax != bamax)[:, None], 0x77777777, words)
+
+
+@triton.jit
+def _nvfp4_walk(x_ptr, out_ptr, out_scale_ptr, M, stride_xm, g0, u0, g1, u1, scale, inv_s6, nonzero,
+                N: tl.constexpr, GATED: tl.constexpr, KIND: tl.constexpr, ON_GPU: tl.constexpr,
+                FAST_SILU: tl.constexpr, BLOCKS: tl.constexpr, PACKED: tl.constexpr):
+    """A program's tiles from its first tile's words, the next tile's loads issued before this tile's arithmetic."""
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(M * (N // 16), BLOCKS)
+    for tile in range(pid, n_tiles, tl.num_programs(0)):
+        next_g0, next_u0, next_g1, next_u1 = _nvfp4_loads(x_ptr, tile + tl.num_programs(0), M, stride_xm, N, GATED,
+                                                          BLOCKS)
+        bamax, scode, words = _nvfp4_tile(g0, u0, g1, u1, scale, inv_s6, nonzero, GATED, KIND, ON_GPU, FAST_SILU,
+                                          PACKED)
+        blk = tile * BLOCKS + tl.arange(0, BLOCKS)
+        bmask = blk < M * (N // 16)
+        tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
+        tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
+        g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1
+
+
+@triton.jit
 def _nvfp4_kernel(
     x_ptr, out_ptr, scale_ptr, out_scale_ptr, M, stride_xm, N: tl.constexpr,
     GATED: tl.constexpr, KIND: tl.constexpr, ON_GPU: tl.constexpr, FAST_SILU: tl.constexpr,
@@ -332,31 +477,25 @@ def _nvfp4_kernel(
     # of one program per tile, all loading and then all computing, does not; 32-bit words keep the loads in flight
     # in whole registers (16-bit elements were repacked at every iteration of the loop). Outputs are
     # contiguous: ``out_ptr`` the packed codes as int32 words, eight codes each, two per block; a NaN block is 0x77
-    # bytes throughout.
+    # bytes throughout. bf16 h on the GPU under a global scale in [2^-60, 64] (every calibrated one) stays in bf16x2
+    # words and is coded by compares (``_NVFP4_FLOORS``); other inputs and scales divide in fp32.
     pdl_enter(PDL)
+    # the first tile's loads go out before anything waits for the scale (the path taken depends on it)
+    g0, u0, g1, u1 = _nvfp4_loads(x_ptr, tl.program_id(0), M, stride_xm, N, GATED, BLOCKS)
     scale = tl.load(scale_ptr)
     # bf16 / fp16 h is 0 or >= 2^-133 in magnitude: divided by at most 448 x 64 it cannot round to zero
     nonzero = (KIND != 2) & (scale <= 64.0)
     inv_s6 = _rcp(6.0 * scale) if ON_GPU else 0.0  # the interpreter divides
-    pid = tl.program_id(0)
-    n_tiles = tl.cdiv(M * (N // 16), BLOCKS)
-    g0, u0, g1, u1 = _nvfp4_loads(x_ptr, pid, M, stride_xm, N, GATED, BLOCKS)
-    for tile in range(pid, n_tiles, tl.num_programs(0)):
-        next_g0, next_u0, next_g1, next_u1 = _nvfp4_loads(x_ptr, tile + tl.num_programs(0), M, stride_xm, N, GATED,
-                                                          BLOCKS)
-        even0, odd0 = _pair_activation(g0, u0, GATED, KIND, ON_GPU, FAST_SILU)
-        even1, odd1 = _pair_activation(g1, u1, GATED, KIND, ON_GPU, FAST_SILU)
-        bamax, scode, denom, inv = _nvfp4_tile_scales(even0, odd0, even1, odd1, scale, inv_s6, ON_GPU)
-        blk = tile * BLOCKS + tl.arange(0, BLOCKS)
-        bmask = blk < M * (N // 16)
-        tl.store(out_scale_ptr + blk, scode.to(tl.uint8), mask=bmask)
-        if nonzero:
-            words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU, True)
+    if ON_GPU and KIND == 0 and (FAST_SILU or not GATED):
+        if (scale >= 8.673617379884035e-19) & (scale <= 64.0):
+            _nvfp4_walk(x_ptr, out_ptr, out_scale_ptr, M, stride_xm, g0, u0, g1, u1, scale, inv_s6, nonzero, N, GATED,
+                        KIND, ON_GPU, FAST_SILU, BLOCKS, True)
         else:
-            words = _nvfp4_tile_words(even0, odd0, even1, odd1, denom, inv, ON_GPU, False)
-        words = tl.where((bamax != bamax)[:, None], 0x77777777, words)
-        tl.store(out_ptr + blk[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=bmask[:, None])
-        g0, u0, g1, u1 = next_g0, next_u0, next_g1, next_u1
+            _nvfp4_walk(x_ptr, out_ptr, out_scale_ptr, M, stride_xm, g0, u0, g1, u1, scale, inv_s6, nonzero, N, GATED,
+                        KIND, ON_GPU, FAST_SILU, BLOCKS, False)
+    else:
+        _nvfp4_walk(x_ptr, out_ptr, out_scale_ptr, M, stride_xm, g0, u0, g1, u1, scale, inv_s6, nonzero, N, GATED,
+                    KIND, ON_GPU, FAST_SILU, BLOCKS, False)
 
 
 @triton.jit
@@ -461,10 +600,15 @@ def _compiled(kernel, device: torch.device):
     return kernel
 
 
-# NVFP4 tiles: at most 512 blocks, and at least 256 tiles (two programs for each of the H200's 132 SMs) where the
-# tokens allow
-NVFP4_MAX_BLOCKS = 512
+# NVFP4 tiles: at most 128 blocks (4 warps), and at least 256 tiles where the tokens allow; programs walking them
+# keep NVFP4_WARPS_PER_SM warps on each SM. ptxas builds the tile loop in 64 registers if left alone and then issues
+# the next tile's loads at its end; capped at NVFP4_MAX_REGISTERS it takes 80 (24 warps per SM) and issues them
+# about 80 instructions in (bench/silu_quant_sass.py), which is what makes the loop's memory time overlap its
+# arithmetic (bench/results/silu_quant_s32_first_loads_ab_h200.json)
+NVFP4_MAX_BLOCKS = 128
 NVFP4_MIN_TILES = 256
+NVFP4_WARPS_PER_SM = 24
+NVFP4_MAX_REGISTERS = 96
 
 # Per-token FP8 row programs: a register cap that keeps 32 warps per SM resident, and the rows from which 8-warp
 # launches take it (``default_config``).
@@ -477,11 +621,12 @@ def default_config(mode: str, M: int, N: int) -> dict:
     (bf16 73.7 us and FP8 static 61.8, the best there), with the approximate bf16 silu, exact for every bf16 gate and
     up value in that run.
 
-    NVFP4 (``_nvfp4_kernel``): one block per thread, 32 warps per SM (62 registers) walking the tiles, tiles of 512
-    blocks (16 warps, 2 programs per SM) where that still makes ``NVFP4_MIN_TILES`` tiles, halved down to 32 blocks
-    (one warp) until it does (bench/results/silu_quant_h200_run26.json: 512 blocks the best tried at 4096 x 12288,
-    56.7 us, and at 1024 rows of 6144 / 12288 / 18944, 9.8 / 16.6 / 23.6 us; at 16 rows 32 to 128 blocks within 0.05
-    us of the best, 512 up to 0.9 us slower; one program per tile 64.6 us at 4096 x 12288).
+    NVFP4 (``_nvfp4_kernel``): one block per thread, 24 warps per SM (80 registers under the cap) walking the tiles,
+    tiles of 128 blocks (4 warps, 6 programs per SM) where that still makes ``NVFP4_MIN_TILES`` tiles, halved down
+    to 32 blocks (one warp) until it does (bench/results/silu_quant_s32_first_loads_ab_h200.json: at 1024 rows of
+    6144 / 12288 / 18944 8.88 / 16.01 / 23.30 us, 4096 x 12288 56.73, against 8.92 / 15.97 / 23.35 / 57.15 with
+    one-warp programs and 8.98 / 16.19 / 23.28 / 56.50 with 8-warp ones; the loop left at 64 registers, 32 warps
+    per SM, 9.90 us at 1024 x 6144: silu_quant_s32_floors_ab_h200.json).
 
     Per-token FP8: the row held in registers by ``_token_fp8_row_kernel`` as equal tiles (16 or 8 elements per
     thread, whichever pads the row less), h computed once, with 8 warps up to 6144 columns and 16 above
@@ -507,7 +652,8 @@ def default_config(mode: str, M: int, N: int) -> dict:
         blocks = NVFP4_MAX_BLOCKS
         while blocks > 32 and M * (N // 16) < NVFP4_MIN_TILES * blocks:
             blocks //= 2
-        return {"blocks": blocks, "num_warps": blocks // 32, "programs_per_sm": 1024 // blocks, "fast_silu": True}
+        return {"blocks": blocks, "num_warps": blocks // 32, "programs_per_sm": NVFP4_WARPS_PER_SM * 32 // blocks,
+                "max_registers": NVFP4_MAX_REGISTERS, "fast_silu": True}
     widest = 1024 if mode == "fp8_static" else 2048
     block_n = widest if N >= widest else max(16, triton.next_power_of_2(N))
     return {"block_m": 1, "block_n": block_n, "num_warps": 8 if block_n >= 2048 else 4, "fast_silu": True}
@@ -543,7 +689,7 @@ def nvfp4_programs(M: int, N: int, cfg: dict, device: torch.device) -> int:
 
 def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: int, N: int, gated: bool,
                   cfg: dict) -> None:
-    blocks, dev = cfg["blocks"], x.device
+    blocks, dev, cap = cfg["blocks"], x.device, cfg.get("max_registers")
     grid = nvfp4_programs(M, N, cfg, dev)
     kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}.get(x.dtype)
     if kind is None:
@@ -554,7 +700,7 @@ def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: i
     _compiled(_nvfp4_kernel, dev)[(grid,)](
         words, out.view(torch.int32), scale, out_scale, M, words.stride(0), N=N,
         GATED=gated, KIND=kind, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"], BLOCKS=blocks,
-        num_warps=cfg["num_warps"], **pdl_args(dev),
+        num_warps=cfg["num_warps"], **pdl_args(dev), **({"maxnreg": cap} if cap else {}),
     )
 
 
