@@ -335,12 +335,13 @@ def test_kernel_and_reference_agree_on_buffers():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def _as_fused_views(*parts: torch.Tensor) -> list[torch.Tensor]:
-    """The same values as views into one [B, T, sum of widths] tensor, like a fused projection's outputs."""
+def _as_fused_views(*parts: torch.Tensor, unused: int = 3) -> list[torch.Tensor]:
+    """The same values as views into one [B, T, sum of widths + unused] tensor, like a fused projection's outputs
+    (the unused columns make the rows not dense)."""
     B, T = parts[0].shape[:2]
     flat = [p.reshape(B, T, -1) for p in parts]
-    fused = torch.cat(flat + [torch.zeros(B, T, 3)], dim=-1)  # 3 unused columns: rows are not dense
-    views = torch.split(fused, [f.shape[-1] for f in flat] + [3], dim=-1)[:-1]
+    fused = torch.cat(flat + [torch.zeros(B, T, unused)], dim=-1)
+    views = torch.split(fused, [f.shape[-1] for f in flat] + [unused], dim=-1)[:-1]
     return [v.unflatten(-1, p.shape[2:]) for v, p in zip(views, parts, strict=True)]
 
 
@@ -431,8 +432,9 @@ def test_warp_specialized_kernel_needs_sm90_its_triton_and_its_shapes(monkeypatc
 
 def test_warp_specialized_kernel_takes_default_verify_blocks_only(monkeypatch):
     """Where the Hopper kernel is supported, a default T > 1 launch goes to it, with the token rows' strides, and
-    returns the output it wrote; T = 1, a tuned launch, a batch-invariant step and OCRIA_DISABLE_KERNELS=replay_ssm_ws
-    stay on the Triton kernels and match the reference."""
+    returns the output it wrote; T = 1, a tuned launch, a batch-invariant step, OCRIA_DISABLE_KERNELS=replay_ssm_ws
+    and key or query rows Triton cannot prove 16-byte aligned (its cp.async copies would not compile: seen on the
+    H200 with a 1032-element row) stay on the Triton kernels and match the reference."""
     from ocria.plugins.replay_ssm import hopper
 
     calls = []
@@ -444,16 +446,19 @@ def test_warp_specialized_kernel_takes_default_verify_blocks_only(monkeypatch):
     monkeypatch.setattr(hopper, "ws_supported", lambda *args: True)
     monkeypatch.setattr(hopper, "ws_verify", ws_verify)
     verify, _ = _small_case(T=5)
-    strided = (*_as_fused_views(*verify[:5]), *verify[5:])
+    strided = (*_as_fused_views(*verify[:5], unused=12), *verify[5:])  # rows of 80 elements
     o = replay_verify_kernel(*strided)
     assert len(calls) == 1 and calls[0][14] is o and torch.equal(o, torch.full_like(o, 7.0))
     assert calls[0][15] == 5 and calls[0][16] == tuple(token_rows(t)[1] for t in strided[:5])
 
-    def matches_reference(args, **launch):
-        mine, theirs = [t.clone() for t in args], [t.clone() for t in args]
+    def matches_reference(args, **launch):  # inputs as they are (a clone would make views dense), buffers copied
+        mine, theirs = [*args[:7], *(t.clone() for t in args[7:])], [*args[:7], *(t.clone() for t in args[7:])]
         torch.testing.assert_close(replay_verify_kernel(*mine, **launch), R.replay_verify_ref(*theirs),
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
 
+    matches_reference((*_as_fused_views(*verify[:5], unused=4), *verify[5:]))  # rows of 72: not divisible by 16
+    shifted = _as_fused_views(verify[3], *verify[:3], verify[4], unused=12)  # rows of 80, a first: q 8 bytes in
+    matches_reference((*shifted[1:4], shifted[0], shifted[4], *verify[5:]))
     matches_reference(_small_case(T=1)[0])
     matches_reference(verify, key_chunk=16)
     matches_reference(verify, block_v=16)

@@ -32,7 +32,8 @@ so on Hopper the block kernel is launched with PDL beside it and waits for it on
 
 On sm_90 with bf16 inputs and Qwen3.5's GDN heads (``warp_specialized``), a default T > 1 launch takes the
 warp-specialized Gluon kernel of ``hopper.py`` instead: prep, state streaming and the chunk math in one launch, in
-partitions that overlap; the prep and block kernels stay the path for every other GPU, dtype and shape.
+partitions that overlap; the prep and block kernels stay the path for every other GPU, dtype and shape, and for
+key or query rows Triton cannot prove 16-byte aligned (its cp.async copies need that).
 
 ``_verify_one_kernel`` (T = 1, plain decoding) keeps the whole tile: at most one pending token (a runtime
 branch on the slot's count) is folded as a plain rank-1 write, the new token is verified with two row
@@ -481,6 +482,13 @@ def token_rows(x: Tensor) -> tuple[Tensor, int]:
     return x, row if B * T > 1 else features
 
 
+def _rows_16_byte_aligned(*rows: tuple[Tensor, int]) -> bool:
+    """Whether Triton can prove every token row 16-byte aligned, as the Hopper kernel's cp.async copies of keys and
+    queries need: it does so only for bases aligned to 16 bytes and strides divisible by 16 (its specializations).
+    Other views (a fused output whose row is not a multiple of 16 elements) take the Triton kernels."""
+    return all(t.data_ptr() % 16 == 0 and stride % 16 == 0 for t, stride in rows)
+
+
 def _check_launch(inputs: tuple[Tensor, ...], buffers: tuple[Tensor, ...]) -> None:
     """The kernels index raw memory: state and buffers must be contiguous, everything on one device
     (CPU: the interpreter)."""
@@ -609,7 +617,7 @@ def replay_verify_kernel(
         )  # fmt: skip
         return o
     tuned = any(x is not None for x in (block_v, num_warps, precision, max_registers, key_chunk, stages))
-    aligned = state.data_ptr() % 16 == 0  # the TMA descriptor's base
+    aligned = state.data_ptr() % 16 == 0 and _rows_16_byte_aligned((q, sq), (k, sk))  # TMA base, cp.async rows
     if T > 1 and not tuned and aligned and warp_specialized(v.device, v.dtype, Hk, Hv, Dk, Dv, Tmax):
         hopper.ws_verify(q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len,
                          slot_ids, o, T, (sq, sk, sv, sa, sb))  # fmt: skip
