@@ -15,8 +15,9 @@ Timing rows (tokens M x width N, gate_up [M, 2N] bf16):
             kernel of that size pays for launch, ramp-up and drain on top of the floor (x copy: fused over it). A
             reference, not a bound: its time moves with where its buffers land (bench/results/
             silu_quant_s30_copy_placement_h200.log: 13.7 against 9.7 µs for copies of the same size)
-Timing: a CUDA graph of R calls over rotating input copies (>= 256 MB touched), R enough for a replay of >= 2 ms
-(timing.time_calls), median over replays / R.
+Timing: a CUDA graph of R calls over rotating input copies (>= 256 MB touched), each copy's outputs kept until its
+next call so they rotate too (timing.rotating_calls), R enough for a replay of >= 2 ms (timing.time_calls), median
+over replays / R.
 
     python3 bench/silu_quant.py --out bench/results/silu_quant_h200.json
 CPU smoke run of the correctness part and the timed closures (Triton interpreter, no timing):
@@ -32,7 +33,7 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
-from timing import copy_bandwidth, save_json, time_calls
+from timing import copy_bandwidth, rotating_calls, save_json, time_calls
 
 from ocria.plugins import numerics as nx
 from ocria.plugins.silu_quant import kernel as kernel_module
@@ -224,8 +225,8 @@ def sweep(scales: dict, fast: bool, modes: list[str]) -> dict:
                 except ValueError as e:  # a tiling this width does not take (e.g. too many row tiles)
                     log.append({"mode": key, "config": cfg, "error": str(e)})
                     continue
-                us = time_calls([lambda x=x, md=mode, c=cfg: silu_mul_quant_triton(x, md, scales[md], c) for x in xs],
-                                5 if rows == 4096 else 20)
+                us = time_calls(rotating_calls(lambda x, md=mode, c=cfg: silu_mul_quant_triton(x, md, scales[md], c),
+                                               xs), 5 if rows == 4096 else 20)  # fmt: skip
                 log.append({"mode": key, "config": cfg, "us": us, "same_bytes_as_default": same})
                 if same and (key not in best or us < best[key]["us"]):
                     best[key] = {"config": cfg, "us": us}
@@ -287,9 +288,9 @@ def main() -> None:
                 s = scales[mode]
                 calls = 20 if in_bytes < (64 << 20) else 5
                 cfg = {**default_config(mode, m, n), "fast_silu": fast}
-                fused = time_calls([lambda x=x, md=mode, s=s, c=cfg: silu_mul_quant_triton(x, md, s, c)
-                                    for x in xs], calls)
-                plain = time_calls([lambda x=x, md=mode, s=s: unfused(x, md, s) for x in xs], calls)
+                fused = time_calls(rotating_calls(lambda x, md=mode, s=s, c=cfg: silu_mul_quant_triton(x, md, s, c),
+                                                  xs), calls)  # fmt: skip
+                plain = time_calls(rotating_calls(lambda x, md=mode, s=s: unfused(x, md, s), xs), calls)
                 nbytes = in_bytes + out_bytes(m, n, mode)
                 floor = nbytes / bw * 1e6
                 copy = copy_us(nbytes, copies, calls)

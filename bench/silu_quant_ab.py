@@ -6,9 +6,10 @@ A variant is a copy of ``ocria/plugins/silu_quant/kernel.py`` (the committed fil
 first runs bench/silu_quant.py's correctness inputs (every bf16 gate and up value, random rows with NaN/inf/zero
 blocks, E2M1 ties, every bf16 value as the activation under several scales) against the PyTorch reference; a variant
 with a mismatching byte is not timed. Rows (tokens x width) are then timed like bench/silu_quant.py's table (a CUDA
-graph over rotating input copies, the kernel's default config), variants interleaved round by round, and reported
-against the bytes floor. ``--time-inexact`` times variants with mismatching bytes too: probes that leave work out on
-purpose (an instruction replaced by a move, say) to see what that work costs.
+graph over rotating input copies and outputs, the kernel's default config), variants interleaved round by round, and
+reported against the bytes floor. ``--time-inexact`` times variants with mismatching bytes too: probes that leave work
+out on purpose (an instruction replaced by a move, say) to see what that work costs. ``--pooled-outputs`` times as
+runs before session 33 did, every call writing the same output buffers (they stay in L2 between calls).
 
     git show HEAD:ocria/plugins/silu_quant/kernel.py > /tmp/head.py
     python bench/silu_quant_ab.py --variant head=/tmp/head.py --variant new=ocria/plugins/silu_quant/kernel.py \
@@ -27,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # silu_quant.py and timing.py, also when loaded by path (tests)
 import silu_quant as SQ  # noqa: E402
 from kernel_variants import environment, load_variants  # noqa: E402
-from timing import copy_bandwidth, save_json, time_calls  # noqa: E402
+from timing import copy_bandwidth, rotating_calls, save_json, time_calls  # noqa: E402
 
 from ocria.plugins import numerics as nx  # noqa: E402
 
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--time-inexact", action="store_true",
                     help="time variants whose bytes differ too (probes that leave work out)")
+    ap.add_argument("--pooled-outputs", action="store_true",
+                    help="let the graph's pool give every call the same outputs, as timings did before session 33")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     variants = load_variants(args.variant)
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         xs = [(torch.randn(m, 2 * n, device="cuda") * 3).to(torch.bfloat16) for _ in range(copies)]
         for _ in range(args.rounds):
             for v in timed:
-                fns = [lambda x=x, K=v.module: K.silu_mul_quant_triton(x, args.mode, s) for x in xs]
+                call = lambda x, K=v.module: K.silu_mul_quant_triton(x, args.mode, s)  # noqa: E731
+                fns = [lambda x=x, f=call: f(x) for x in xs] if args.pooled_outputs else rotating_calls(call, xs)
                 with environment(v.env):
                     times[v.name].setdefault(f"{m}x{n}", []).append(time_calls(fns, 20))
         del xs
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     save_json({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
                "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), "mode": args.mode,
-               "copy_bandwidth_TBps": bw / 1e12,
+               "pooled_outputs": args.pooled_outputs, "copy_bandwidth_TBps": bw / 1e12,
                "variants": {v.name: v.path for v in variants},
                "settings": {v.name: {"attrs": v.attrs, "env": v.env} for v in variants if v.attrs or v.env},
                "correctness": checks, "rows": table},

@@ -1,4 +1,8 @@
-"""bench/timing.py's choice of graph length: enough calls that a replay's own launch is a small part of it."""
+"""bench/timing.py's choice of graph length (enough calls that a replay's own launch is a small part of it) and its
+rotating outputs."""
+
+import gc
+import weakref
 
 from bench_scripts import load_bench
 
@@ -21,3 +25,24 @@ def test_tiny_calls_stop_near_the_call_cap():
     timing = load_bench("timing")
     reps = timing.graph_reps(11, 20, per_call_us=0.01, min_graph_us=2000.0)
     assert timing.MAX_CALLS <= 11 * reps < timing.MAX_CALLS + 11
+
+
+def test_rotating_calls_keep_each_output_until_that_input_comes_round_again():
+    """A call's output must stay allocated through the other inputs' calls (a graph's pool would otherwise give the
+    next call the same buffer) and be released by its own input's next call."""
+    made = []
+
+    class Out:
+        def __init__(self, x):
+            self.x = x
+            made.append(weakref.ref(self))
+
+    inputs = ["a", "b", "c"]
+    calls = load_bench("timing").rotating_calls(Out, inputs)
+    for call in calls:
+        call()
+    gc.collect()
+    assert [r().x for r in made] == inputs  # all three alive at once, each from its own input
+    calls[1]()
+    gc.collect()
+    assert [r() is not None for r in made] == [True, False, True, True] and made[3]().x == "b"

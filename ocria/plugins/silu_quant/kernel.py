@@ -626,7 +626,9 @@ def default_config(mode: str, M: int, N: int) -> dict:
     to 32 blocks (one warp) until it does (bench/results/silu_quant_s32_first_loads_ab_h200.json: at 1024 rows of
     6144 / 12288 / 18944 8.88 / 16.01 / 23.30 us, 4096 x 12288 56.73, against 8.92 / 15.97 / 23.35 / 57.15 with
     one-warp programs and 8.98 / 16.19 / 23.28 / 56.50 with 8-warp ones; the loop left at 64 registers, 32 warps
-    per SM, 9.90 us at 1024 x 6144: silu_quant_s32_floors_ab_h200.json).
+    per SM, 9.90 us at 1024 x 6144: silu_quant_s32_floors_ab_h200.json; all with pooled outputs). With rotating
+    outputs (silu_quant_h200_session33b.json, its sweep at 1024 rows of 6144 / 12288): 9.40 / 16.13 us, 2-warp
+    programs 9.31 / 16.06, one-warp 9.45 / 16.08, 8-warp 9.52 / 16.38, uncapped 4-warp ones 10.27 / 17.37.
 
     Per-token FP8: the row held in registers by ``_token_fp8_row_kernel`` as equal tiles (16 or 8 elements per
     thread, whichever pads the row less), h computed once, with 8 warps up to 6144 columns and 16 above
