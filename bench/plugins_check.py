@@ -60,7 +60,9 @@ def _fused_views(*parts: torch.Tensor) -> list[torch.Tensor]:
     return [v.unflatten(-1, p.shape[2:]) for v, p in zip(views, parts, strict=True)]
 
 
-def check_replay(dtype: torch.dtype, dev: str) -> dict:
+def check_replay(dtype: torch.dtype, dev: str, gates_fused: bool) -> dict:
+    """q, k, v as views of one fused output and a, b either in it too (rows of 1032 elements, which the Triton kernels
+    take) or apart (rows of 1024: bf16 T > 1 takes the Hopper kernel on an H200, as the model's views do)."""
     g = torch.Generator(dev).manual_seed(0)
     B, T, Tmax, S, Hk, Hv, D, KW = 4, 16, 16, 6, 2, 4, 128, 4
     r = lambda *s: torch.randn(*s, generator=g, device=dev)  # noqa: E731
@@ -72,7 +74,7 @@ def check_replay(dtype: torch.dtype, dev: str) -> dict:
     state = (r(S, Hv, D, D) * 0.1, R.l2norm(r(S, 2, Tmax, Hk, D)), r(S, 2, Tmax, Hv, D), -r(S, 2, Tmax, Hv).abs(),
              torch.randint(0, 2, (S,), device=dev, dtype=torch.int32))
     params = (r(Hv) - 2, r(Hv))
-    views = _fused_views(q, k, v, a, b)
+    views = _fused_views(q, k, v, a, b) if gates_fused else [*_fused_views(q, k, v), a, b]
     mine, ref = [t.clone() for t in state], [t.clone() for t in state]
     out = replay_verify(*views, *params, *mine, pending, slots, use_kernel=True)
     want = R.replay_verify_ref(q, k, v, a, b, *params, *ref, pending, slots)
@@ -84,7 +86,8 @@ def check_replay(dtype: torch.dtype, dev: str) -> dict:
     y_ref = R.causal_conv_verify_ref(x, w, buf_ref, pending, slots)
     errs += [rel_err(y, y_ref), rel_err(buf_mine, buf_ref)]
     tol = 1e-4 if dtype == torch.float32 else 2e-2  # bf16 inputs take tf32 products in the kernel
-    return {"kernel": "replay_verify + causal_conv_verify (strided)", "dtype": str(dtype), "max_rel_err": max(errs),
+    rows = f"strided, {views[0].stride(1)}-element rows"
+    return {"kernel": f"replay_verify + causal_conv_verify ({rows})", "dtype": str(dtype), "max_rel_err": max(errs),
             "tolerance": tol, "ok": max(errs) <= tol}
 
 
@@ -383,7 +386,8 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", help="cpu: the kernels in the interpreter (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     dev = args.device
-    rows = [check_replay(torch.float32, dev), check_replay(torch.bfloat16, dev), *check_norms(torch.float32, dev),
+    rows = [*(check_replay(dtype, dev, fused) for dtype in (torch.float32, torch.bfloat16) for fused in (True, False)),
+            *check_norms(torch.float32, dev),
             *check_norms(torch.bfloat16, dev), check_attention(torch.float32, dev),
             check_attention(torch.bfloat16, dev), *check_silu_quant(dev), check_decode_gemm(dev, False),
             check_decode_gemm(dev, True), check_decode_gemm_fp8(dev),
