@@ -12,19 +12,21 @@ the prep kernel's T x T work nor keep enough state loads in flight at moderate b
   from the accumulator, and the products with the new tokens' raw keys and queries (two bf16 wgmmas: the folded
   chunk rounded to bf16 in its own registers is already the next wgmma's A fragment); then the tile's tail, the
   new tokens in WY form (the math in ``kernel.py``'s docstring);
-- one prep partition (two warps), a group or two ahead of the consumers: the Gram and score matrices of the raw
-  bf16 keys and queries on the tensor cores (``mma.sync``; bf16 x bf16 products are exact in fp32), norms from
-  their diagonals, gates, (I + A)^-1 diag(beta) by repeated squaring (tf32 ``mma.sync``), decayed scores and
-  exp(G), passed to each consumer through a 2-slot shared-memory ring (mbarriers ``mfull`` / ``mempty``); it parks
-  the normalised keys and the log-decays for the next step, the consumers park the writes U. Its global loads go
-  out a group ahead (keys and queries by cp.async into a second staging buffer): a per-partition clock timeline
-  showed the consumers waiting 1-6 µs per group for the prep, whose loads went out inside the group, one after
-  another (bench/results/replay_ssm_s26_timeline_base_h200.json). The state loaders start when the prep's first
-  keys and queries have landed (mbarrier ``prep_loaded``), so those are not queued behind the state stream.
+- one prep partition (two warps), a group or two ahead of the consumers: the Gram and score matrices of the raw bf16
+  keys and queries on the tensor cores (``mma.sync``; bf16 x bf16 products are exact in fp32), norms from their
+  diagonals, gates, (I + A)^-1 diag(beta) by repeated squaring (tf32 ``mma.sync``), decayed scores and exp(G),
+  passed to each consumer with the log-decays through a 2-slot shared-memory ring (mbarriers ``mfull`` /
+  ``mempty``); the consumers park the writes U, the log-decays and (consumer 0) the normalised keys for the next
+  step. Its global loads go out a group ahead (keys and queries by cp.async into a second staging buffer): a
+  per-partition clock timeline showed the consumers waiting 1-6 µs per group for the prep, whose loads went out
+  inside the group, one after another (bench/results/replay_ssm_s26_timeline_base_h200.json). The state loaders
+  start when the prep's first keys and queries have landed (mbarrier ``prep_loaded``), so those are not queued
+  behind the state stream.
 
 The consumers wait for the prep only after their chunk loop, so the fold and the state traffic overlap it. Measured
 on the H200 against the prep and block kernels, same tree and call: bench/results/replay_ssm_s25_ws_ab_h200.json;
 the loads a group ahead against the session-25 file: bench/results/replay_ssm_s26_prefetch_ab_h200.json; the
+parking moved from the prep to the consumers: bench/results/replay_ssm_s34_cpark_ab_h200.json; the
 inverse on the tensor cores and the gated state loaders: bench/results/replay_ssm_s27_tc_ab_h200.json,
 bench/results/replay_ssm_s27_gate_stages_ab_h200.json; the consumers' keys and queries by cp.async a tile ahead and
 their inputs' weights before the next tile's loads: bench/results/replay_ssm_s28_kq_ab_h200.json,
@@ -161,14 +163,17 @@ if gluon is not None:
         return inv
 
     @gluon.jit
-    def _publish(inv, P, kf, qf, dn, inv_ring, p_ring, vec_ring, mfull, mempty, buf, ph):
-        """One value head's prep into its consumer's ring slot ``buf``, once the consumer has released it."""
+    def _publish(inv, P, kf, qf, dn, g, inv_ring, p_ring, vec_ring, mfull, mempty, buf, ph):
+        """One value head's prep into its consumer's ring slot ``buf``, once the consumer has released it: the
+        matrices, and the key and query norm factors, decays exp(G) and log-decays g as vectors ``buf * 4 + 0..3``
+        of ``vec_ring``."""
         mbarrier.wait(mempty.index(buf), ph ^ 1)
         inv_ring.index(buf).store(inv)
         p_ring.index(buf).store(P)
-        vec_ring.index(buf * 3).store(kf)
-        vec_ring.index(buf * 3 + 1).store(qf)
-        vec_ring.index(buf * 3 + 2).store(dn)
+        vec_ring.index(buf * 4).store(kf)
+        vec_ring.index(buf * 4 + 1).store(qf)
+        vec_ring.index(buf * 4 + 2).store(dn)
+        vec_ring.index(buf * 4 + 3).store(g)
         fence_async_shared()
         mbarrier.arrive(mfull.index(buf))
 
@@ -183,11 +188,18 @@ if gluon is not None:
     def _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, kq, g, T, sq, sk, sa, sb,
                     HK: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, KL: gl.constexpr,
                     L2: gl.constexpr):  # fmt: skip
-        """Issue group g's loads: its raw keys and queries copied straight into ``kq_prep[kq]`` and
-        ``kq_prep[kq + 1]`` (cp.async, one commit group) and its two value heads' gate inputs (``_gate_inputs``)
-        into registers, all used one group later."""
+        """Issue group g's loads: its two value heads' gate inputs (``_gate_inputs``) into registers, then its raw
+        keys and queries copied straight into ``kq_prep[kq]`` and ``kq_prep[kq + 1]`` (cp.async, one commit group),
+        all used one group later. The barrier between them keeps ptxas from issuing the gate loads after the wait for
+        the copies: for the first group they went out only then, and the loop's top waited a round trip for them."""
         i_b = g // HK
         hk = g % HK
+        rj = gl.arange(0, TP, layout=gl.SliceLayout(0, L2))
+        row = (i_b * T + rj).to(gl.int64)
+        mt = rj < T
+        gates = (_gate_inputs(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row, mt, hk * 2, sa, sb),
+                 _gate_inputs(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row, mt, hk * 2 + 1, sa, sb))
+        gl.thread_barrier()
         rtk = gl.arange(0, TP, layout=gl.SliceLayout(1, KL))
         rkk = gl.arange(0, DK, layout=gl.SliceLayout(0, KL))
         rowk = (i_b * T + rtk).to(gl.int64)[:, None]
@@ -196,41 +208,34 @@ if gluon is not None:
         async_copy.async_copy_global_to_shared(kq_prep.index(kq + 1), q_ptr + rowk * sq + hk * DK + rkk[None, :],
                                                mask=mk)  # fmt: skip
         async_copy.commit_group()
-        rj = gl.arange(0, TP, layout=gl.SliceLayout(0, L2))
-        row = (i_b * T + rj).to(gl.int64)
-        mt = rj < T
-        return (_gate_inputs(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row, mt, hk * 2, sa, sb),
-                _gate_inputs(a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, row, mt, hk * 2 + 1, sa, sb))
+        return gates
 
     @gluon.jit
-    def _prep_partition(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr, ring_phase_ptr,
-                        pending_ptr, slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0, mfull1, mempty1,
-                        kq_prep, inv_bufs, prep_loaded, n_groups, first, stride, T, Tmax, scale, eps, sq, sk, sa, sb,
-                        HK: gl.constexpr, HV: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, NB: gl.constexpr,
-                        MAXT: gl.constexpr):  # fmt: skip
+    def _prep_partition(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, inv0, p0, vec0, inv1, p1, vec1,
+                        mfull0, mempty0, mfull1, mempty1, kq_prep, inv_bufs, prep_loaded, n_groups, first, stride, T,
+                        scale, eps, sq, sk, sa, sb, HK: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr,
+                        NB: gl.constexpr):  # fmt: skip
         """Per group (batch row, key head): the key head's norms and Gram and score matrices, then per value head
-        (consumer c takes 2 hk + c) the gates, (I + A)^-1 diag(beta), the decayed scores and exp(G) into that
-        consumer's ring; the normalised keys and the log-decays parked in the ring's other half for the next step.
-        Every global load of a group goes out one group ahead (slots and ring phases of all groups at the start), so
-        no group waits on a round trip: the partition's pace is its arithmetic."""
+        (consumer c takes 2 hk + c) the gates, (I + A)^-1 diag(beta), the decayed scores, exp(G) and the log-decays
+        into that consumer's ring. The consumers park the normalised keys and the log-decays for the next step: the
+        parking address needs the slot's ring phase, two dependent round trips at the start, and in the SASS the
+        loop's first use of the carried gate inputs waited for every load in flight, the phase's included; the
+        first group's prep then began about a round trip late (bench/results/replay_ssm_s34_cpark_ab_h200.json:
+        batch 8 15.24-15.28 against 15.25-15.53 µs at T = 16, 14.44-14.50 against 15.34-15.40 at T = 8). Every
+        global load of a group goes out one group ahead, so no group waits on a round trip: the partition's pace is
+        its arithmetic."""
         NW: gl.constexpr = 2
         L2: gl.constexpr = gl.SliceLayout(2, gl.BlockedLayout([1, 1, 8], [4, 8, 1], [NW, 1, 1], [2, 1, 0]))
-        KL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [TP, DK] keys to park
+        KL: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [NW, 1], [1, 0])  # [TP, DK] keys
         MACC: gl.constexpr = NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NW], instr_shape=[16, 8])
         MA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MACC, k_width=2)
         MB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MACC, k_width=2)
-        VEC: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
         ri = gl.arange(0, TP, layout=gl.SliceLayout(1, L2))
         rj = gl.arange(0, TP, layout=gl.SliceLayout(0, L2))
         eye = ri[:, None] == rj[None, :]
         lower = ri[:, None] > rj[None, :]
         causal = ri[:, None] >= rj[None, :]
         mt = rj < T
-        rtk = gl.arange(0, TP, layout=gl.SliceLayout(1, KL))
-        rkk = gl.arange(0, DK, layout=gl.SliceLayout(0, KL))
-        mk = (rtk < T)[:, None]
-        jt, slots, phases, _pending = _group_slots(slot_ptr, ring_phase_ptr, pending_ptr, n_groups, first, stride,
-                                                   HK, MAXT, VEC)  # fmt: skip
         nxt = _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, 0,
                           gl.minimum(first, n_groups - 1), T, sq, sk, sa, sb, HK, DK, TP, KL, L2)  # fmt: skip
         async_copy.wait_group(0)
@@ -238,7 +243,6 @@ if gluon is not None:
         mbarrier.arrive(prep_loaded.index(0))  # the state loaders start now
         jg = 0
         for g in range(first, n_groups, stride):
-            hk = g % HK
             gates = nxt
             kq = jg % 2 * 2
             # The next group's loads into the other buffer, whose readers (the group before this one) are done.
@@ -258,16 +262,11 @@ if gluon is not None:
             qf_i = gl.rsqrt(qq + eps) * scale
             kkn = kk * kf_i[:, None] * kf_j[None, :]
             qkn = qk * qf_i[:, None] * kf_j[None, :]
-            slot = _pick(jt, slots, jg).to(gl.int64)
-            park = (slot * 2 + 1 - _pick(jt, phases, jg)) * Tmax
-            Kn = kq_prep.index(kq).load(KL).to(gl.float32) * gl.convert_layout(kf_i, gl.SliceLayout(1, KL))[:, None]
-            gl.store(ring_k_ptr + ((park + rtk)[:, None] * HK + hk) * DK + rkk[None, :], Kn, mask=mk)
             kf = gl.convert_layout(kf_i, gl.SliceLayout(0, L2))
             qf = gl.convert_layout(qf_i, gl.SliceLayout(0, L2))
             buf = jg % NB
             ph = (jg // NB) & 1
             for j in gl.static_range(2):
-                i_h = hk * 2 + j
                 a, b, A_log, dt_bias = gates[j]
                 x = a.to(gl.float32) + dt_bias.to(gl.float32)
                 softplus = gl.where(x > 20.0, x, gl.log(1.0 + gl.exp(gl.minimum(x, 20.0))))
@@ -280,11 +279,12 @@ if gluon is not None:
                 inv = _tril_inverse(gl.where(lower, -beta_i[:, None] * dec * kkn, 0.0), inv_bufs, TP, MACC)
                 beta_m = gl.convert_layout(beta_j, gl.SliceLayout(0, MACC))
                 P = gl.where(causal, qkn * dec, 0.0)
-                gl.store(ring_g_ptr + (park + rj) * HV + i_h, g_j, mask=mt)
                 if j == 0:
-                    _publish(inv * beta_m[None, :], P, kf, qf, gl.exp(gc_j), inv0, p0, vec0, mfull0, mempty0, buf, ph)
+                    _publish(inv * beta_m[None, :], P, kf, qf, gl.exp(gc_j), g_j, inv0, p0, vec0, mfull0, mempty0, buf,
+                             ph)  # fmt: skip
                 else:
-                    _publish(inv * beta_m[None, :], P, kf, qf, gl.exp(gc_j), inv1, p1, vec1, mfull1, mempty1, buf, ph)
+                    _publish(inv * beta_m[None, :], P, kf, qf, gl.exp(gc_j), g_j, inv1, p1, vec1, mfull1, mempty1, buf,
+                             ph)  # fmt: skip
             jg += 1
         async_copy.wait_group(0)  # nothing left in flight at exit (the last copies were of a group loaded for nothing)
 
@@ -313,6 +313,28 @@ if gluon is not None:
                     tma.async_copy_global_to_shared(desc, [row0 + kc * BKC, i_v * BV], full.index(s), bufs.index(s))
                     i += 1
             j += 1
+
+    @gluon.jit
+    def _park_prep(kq, vec_ring, buf, park, i_h, ring_k_ptr, ring_g_ptr, T, c: gl.constexpr, HK: gl.constexpr,
+                   HV: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, BKC: gl.constexpr,
+                   num_warps: gl.constexpr):  # fmt: skip
+        """Park what the next step folds from the prep of this group: value head ``i_h``'s log-decays, and (consumer
+        0) the key head's normalised keys, the raw keys of ``kq`` ([DK / BKC x TP, BKC] chunks) times their norm
+        factors, in the ring's other half (``park``)."""
+        VECL: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        rt = gl.arange(0, TP, layout=VECL)
+        g = vec_ring.index(buf * 4 + 3).load(VECL)
+        gl.store(ring_g_ptr + (park + rt) * HV + i_h, g, mask=rt < T)
+        if c == 0:
+            KC: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])  # [TP, BKC]
+            rtc = gl.arange(0, TP, layout=gl.SliceLayout(1, KC))
+            rj = gl.arange(0, BKC, layout=gl.SliceLayout(0, KC))
+            kf = vec_ring.index(buf * 4).load(gl.SliceLayout(1, KC))
+            hk = i_h // (HV // HK)
+            base = ring_k_ptr + ((park + rtc)[:, None] * HK + hk) * DK + rj[None, :]
+            for kc in gl.static_range(DK // BKC):
+                Kn = kq.slice(kc * TP, TP).load(KC).to(gl.float32) * kf[:, None]
+                gl.store(base + kc * BKC, Kn, mask=(rtc < T)[:, None])
 
     @gluon.jit
     def _consumer(
@@ -409,9 +431,9 @@ if gluon is not None:
             buf = jg % NB
             mbarrier.wait(mfull.index(buf), (jg // NB) & 1)
             rt_t = gl.arange(0, TP, layout=gl.SliceLayout(0, acc16))
-            kf = vec_ring.index(buf * 3).load(gl.SliceLayout(0, acc16))
-            qf = vec_ring.index(buf * 3 + 1).load(gl.SliceLayout(0, acc16))
-            dn = vec_ring.index(buf * 3 + 2).load(gl.SliceLayout(0, acc16))
+            kf = vec_ring.index(buf * 4).load(gl.SliceLayout(0, acc16))
+            qf = vec_ring.index(buf * 4 + 1).load(gl.SliceLayout(0, acc16))
+            dn = vec_ring.index(buf * 4 + 2).load(gl.SliceLayout(0, acc16))
             X = gl.convert_layout(X, acc16) * kf[None, :]
             Y = gl.convert_layout(Y, acc16) * qf[None, :]
             rv_t = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc16))
@@ -423,6 +445,8 @@ if gluon is not None:
             OT = warpgroup_mma(gl.convert_layout(UT, a16), p_ring.index(buf).permute((1, 0)), dn[None, :] * Y)
             gl.store(o_ptr + (row_t[None, :] * HV + i_h) * DV + rv_t[:, None], OT.to(o_ptr.dtype.element_ty), mask=mt)
             gl.store(ring_u_ptr + ((park + rt_t[None, :]) * HV + i_h) * DV + rv_t[:, None], UT, mask=mt)
+            if i_v == 0:
+                _park_prep(kq, vec_ring, buf, park, i_h, ring_k_ptr, ring_g_ptr, T, c, HK, HV, DK, TP, BKC, num_warps)
             if i_v == NT - 1:
                 mbarrier.arrive(mempty.index(buf))  # both column tiles have read this group's matrices
         async_copy.wait_group(0)  # nothing in flight at exit (the last copies were of a tile loaded for nothing)
@@ -440,7 +464,7 @@ if gluon is not None:
                                             gl.NVMMASharedLayout.get_default_for([TP, BKC], gl.bfloat16))  # fmt: skip
         inv_ring = gl.allocate_shared_memory(gl.float32, [NB, TP, TP], tt)
         p_ring = gl.allocate_shared_memory(gl.float32, [NB, TP, TP], tt)
-        vec_ring = gl.allocate_shared_memory(gl.float32, [NB * 3, TP], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        vec_ring = gl.allocate_shared_memory(gl.float32, [NB * 4, TP], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mfull = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
@@ -503,10 +527,9 @@ if gluon is not None:
                              DK, BKC, BV, STAGES, MAXT)),
             (_state_loader, (desc, bufs1, full1, empty1, prep_loaded, slot_ptr, n_groups, pid, stride, 1, NT, HK, HV,
                              DK, BKC, BV, STAGES, MAXT)),
-            (_prep_partition, (q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, ring_k_ptr, ring_g_ptr,
-                               ring_phase_ptr, pending_ptr, slot_ptr, inv0, p0, vec0, inv1, p1, vec1, mfull0, mempty0,
-                               mfull1, mempty1, kq_prep, inv_bufs, prep_loaded, n_groups, pid, stride, T, Tmax, scale,
-                               eps, sq, sk, sa, sb, HK, HV, DK, TP, NB, MAXT)),
+            (_prep_partition, (q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, inv0, p0, vec0, inv1, p1, vec1,
+                               mfull0, mempty0, mfull1, mempty1, kq_prep, inv_bufs, prep_loaded, n_groups, pid, stride,
+                               T, scale, eps, sq, sk, sa, sb, HK, DK, TP, NB)),
         ], [num_warps, 1, 1, 2], [REGS, LOADER_REGS, LOADER_REGS, PREP_REGS])  # fmt: skip
 
 
