@@ -4,7 +4,7 @@ A probe, GPU only (Gluon has no interpreter). It runs a copy of ``ocria/plugins/
 more argument, an int64 buffer of 128 stamps per CTA, and writes ``%clock64`` into it at fixed points (for the
 current file ``STAMP_PATCH``, which the test suite checks still applies; the twenty-sixth session's stamps were
 ``replay_ssm_s26_timeline.patch`` on the file of commit 18ebf66, the twenty-seventh's ``replay_ssm_s27_timeline.patch``
-on that of 5b18949):
+on that of 5b18949, the thirty-fourth's ``replay_ssm_s34_timeline.patch`` on that of a7f987b):
 consumer c (base 40 c): start, first inputs issued, per tile (up to 6) its start, its first chunk's arrival, the end of
 its chunk loop, the prep's matrices ready, the tile's end, and the partition's end; loader c (base 80 + 8 c): start,
 first, 4th, 5th and 9th TMA copy issued, end; prep (base 96): start, per group (up to 4) its matrices published and its
@@ -35,7 +35,7 @@ from ocria.plugins.launch import sm_count  # noqa: E402
 from ocria.plugins.replay_ssm import kernel as K  # noqa: E402
 
 # The stamps for the current ocria/plugins/replay_ssm/hopper.py, as a patch of it.
-STAMP_PATCH = "bench/results/replay_ssm_s34_timeline.patch"
+STAMP_PATCH = "bench/results/replay_ssm_s35_timeline.patch"
 # Stamps no patch of ours writes: a probe's own (written as ``stamp_ptr + first * 128 + i``) come back by index.
 SPARE = range(106, 124)
 HEADS = (16, 32, 128)  # Hk, Hv, Dk = Dv: Qwen3.5's GDN layers

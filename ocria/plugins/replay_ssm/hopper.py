@@ -185,6 +185,16 @@ if gluon is not None:
         return a, b, gl.load(A_log_ptr + i_h), gl.load(dt_bias_ptr + i_h)
 
     @gluon.jit
+    def _decay_gates(gates, mt):
+        """(log-decays g, betas) of one value head's tokens (0 where ``mt`` is off) from its ``_gate_inputs``."""
+        a, b, A_log, dt_bias = gates
+        x = a.to(gl.float32) + dt_bias.to(gl.float32)
+        softplus = gl.where(x > 20.0, x, gl.log(1.0 + gl.exp(gl.minimum(x, 20.0))))
+        g_j = gl.where(mt, -gl.exp(A_log.to(gl.float32)) * softplus, 0.0)
+        beta_j = gl.where(mt, 1.0 / (1.0 + gl.exp(-b.to(gl.float32))), 0.0)
+        return g_j, beta_j
+
+    @gluon.jit
     def _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, kq, g, T, sq, sk, sa, sb,
                     HK: gl.constexpr, DK: gl.constexpr, TP: gl.constexpr, KL: gl.constexpr,
                     L2: gl.constexpr):  # fmt: skip
@@ -243,13 +253,11 @@ if gluon is not None:
         mbarrier.arrive(prep_loaded.index(0))  # the state loaders start now
         jg = 0
         for g in range(first, n_groups, stride):
-            gates = nxt
             kq = jg % 2 * 2
-            # The next group's loads into the other buffer, whose readers (the group before this one) are done.
-            gl.thread_barrier()
-            nxt = _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, (jg + 1) % 2 * 2,
-                              gl.minimum(g + stride, n_groups - 1), T, sq, sk, sa, sb, HK, DK, TP, KL, L2)  # fmt: skip
-            async_copy.wait_group(1)  # this group's copies have landed (issued a group ago)
+            # The carried gate inputs become decays before the next group's loads go out: ptxas gives every global
+            # load one scoreboard, so a later first use of them would wait for the new loads too.
+            decays = (_decay_gates(nxt[0], mt), _decay_gates(nxt[1], mt))
+            async_copy.wait_group(0)  # this group's copies have landed (issued a group ago)
             gl.thread_barrier()
             kb = kq_prep.index(kq).permute((1, 0)).load(MB)
             qb = kq_prep.index(kq + 1).permute((1, 0)).load(MB)
@@ -257,6 +265,11 @@ if gluon is not None:
             kk = gl.convert_layout(mma_v2(kq_prep.index(kq).load(MA), kb, zero), L2)
             qk = gl.convert_layout(mma_v2(kq_prep.index(kq + 1).load(MA), kb, zero), L2)
             qq = gl.sum(gl.where(eye, gl.convert_layout(mma_v2(kq_prep.index(kq + 1).load(MA), qb, zero), L2), 0.0), 1)
+            # The next group's loads into the other buffer, whose readers (the group before this one) are done;
+            # after the products, so they do not hold up the first group's (at batch 8 a CTA's only group):
+            # bench/results/replay_ssm_s35_prefetch_ab_h200.json.
+            nxt = _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, (jg + 1) % 2 * 2,
+                              gl.minimum(g + stride, n_groups - 1), T, sq, sk, sa, sb, HK, DK, TP, KL, L2)  # fmt: skip
             kf_i = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), 1) + eps)
             kf_j = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), 0) + eps)
             qf_i = gl.rsqrt(qq + eps) * scale
@@ -267,11 +280,7 @@ if gluon is not None:
             buf = jg % NB
             ph = (jg // NB) & 1
             for j in gl.static_range(2):
-                a, b, A_log, dt_bias = gates[j]
-                x = a.to(gl.float32) + dt_bias.to(gl.float32)
-                softplus = gl.where(x > 20.0, x, gl.log(1.0 + gl.exp(gl.minimum(x, 20.0))))
-                g_j = gl.where(mt, -gl.exp(A_log.to(gl.float32)) * softplus, 0.0)
-                beta_j = gl.where(mt, 1.0 / (1.0 + gl.exp(-b.to(gl.float32))), 0.0)
+                g_j, beta_j = decays[j]
                 gc_i = gl.sum(gl.where(causal, g_j[None, :], 0.0), 1)  # cumulative log-decay G, along i
                 gc_j = gl.convert_layout(gc_i, gl.SliceLayout(0, L2))
                 beta_i = gl.convert_layout(beta_j, gl.SliceLayout(1, L2))
