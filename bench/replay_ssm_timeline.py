@@ -13,7 +13,7 @@ beside them (124, 125), which turn cycles into µs. Stamps 106-123 are a probe's
 copy writes there is reported by index. Times are µs from the CTA's first stamp, medians over CTAs.
 
     cp ocria/plugins/replay_ssm/hopper.py /tmp/hopper_tl.py
-    patch /tmp/hopper_tl.py bench/results/replay_ssm_s34_timeline.patch
+    patch /tmp/hopper_tl.py bench/results/replay_ssm_s35_timeline.patch
     python bench/replay_ssm_timeline.py --hopper /tmp/hopper_tl.py --batch 8 16 32 64 --out /tmp/timeline.json
 """
 
