@@ -13,7 +13,7 @@ beside them (124, 125), which turn cycles into µs. Stamps 106-123 are a probe's
 copy writes there is reported by index. Times are µs from the CTA's first stamp, medians over CTAs.
 
     cp ocria/plugins/replay_ssm/hopper.py /tmp/hopper_tl.py
-    patch /tmp/hopper_tl.py bench/results/replay_ssm_s35_timeline.patch
+    patch /tmp/hopper_tl.py bench/results/replay_ssm_s36_timeline.patch
     python bench/replay_ssm_timeline.py --hopper /tmp/hopper_tl.py --batch 8 16 32 64 --out /tmp/timeline.json
 """
 
@@ -35,7 +35,7 @@ from ocria.plugins.launch import sm_count  # noqa: E402
 from ocria.plugins.replay_ssm import kernel as K  # noqa: E402
 
 # The stamps for the current ocria/plugins/replay_ssm/hopper.py, as a patch of it.
-STAMP_PATCH = "bench/results/replay_ssm_s35_timeline.patch"
+STAMP_PATCH = "bench/results/replay_ssm_s36_timeline.patch"
 # Stamps no patch of ours writes: a probe's own (written as ``stamp_ptr + first * 128 + i``) come back by index.
 SPARE = range(106, 124)
 HEADS = (16, 32, 128)  # Hk, Hv, Dk = Dv: Qwen3.5's GDN layers

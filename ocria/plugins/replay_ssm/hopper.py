@@ -83,6 +83,15 @@ def ws_supported(device: torch.device, dtype: torch.dtype, Hk: int, Hv: int, Dk:
 
 
 if gluon is not None:
+    # The prep's four vectors in each consumer-ring slot (``_ring_vec``): key and query norm factors, decays exp(G),
+    # log-decays g.
+    VEC_KF, VEC_QF, VEC_DN, VEC_G = gl.constexpr(0), gl.constexpr(1), gl.constexpr(2), gl.constexpr(3)
+    RING_VECS = gl.constexpr(4)
+
+    @gluon.jit
+    def _ring_vec(vec_ring, buf, k: gl.constexpr):
+        """Vector k (``VEC_*``) of the consumer-ring slot ``buf``."""
+        return vec_ring.index(buf * RING_VECS + k)
 
     @gluon.jit
     def _pick(jt, vec, j):
@@ -165,15 +174,14 @@ if gluon is not None:
     @gluon.jit
     def _publish(inv, P, kf, qf, dn, g, inv_ring, p_ring, vec_ring, mfull, mempty, buf, ph):
         """One value head's prep into its consumer's ring slot ``buf``, once the consumer has released it: the
-        matrices, and the key and query norm factors, decays exp(G) and log-decays g as vectors ``buf * 4 + 0..3``
-        of ``vec_ring``."""
+        matrices and its four vectors."""
         mbarrier.wait(mempty.index(buf), ph ^ 1)
         inv_ring.index(buf).store(inv)
         p_ring.index(buf).store(P)
-        vec_ring.index(buf * 4).store(kf)
-        vec_ring.index(buf * 4 + 1).store(qf)
-        vec_ring.index(buf * 4 + 2).store(dn)
-        vec_ring.index(buf * 4 + 3).store(g)
+        _ring_vec(vec_ring, buf, VEC_KF).store(kf)
+        _ring_vec(vec_ring, buf, VEC_QF).store(qf)
+        _ring_vec(vec_ring, buf, VEC_DN).store(dn)
+        _ring_vec(vec_ring, buf, VEC_G).store(g)
         fence_async_shared()
         mbarrier.arrive(mfull.index(buf))
 
@@ -332,13 +340,13 @@ if gluon is not None:
         factors, in the ring's other half (``park``)."""
         VECL: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         rt = gl.arange(0, TP, layout=VECL)
-        g = vec_ring.index(buf * 4 + 3).load(VECL)
+        g = _ring_vec(vec_ring, buf, VEC_G).load(VECL)
         gl.store(ring_g_ptr + (park + rt) * HV + i_h, g, mask=rt < T)
         if c == 0:
             KC: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])  # [TP, BKC]
             rtc = gl.arange(0, TP, layout=gl.SliceLayout(1, KC))
             rj = gl.arange(0, BKC, layout=gl.SliceLayout(0, KC))
-            kf = vec_ring.index(buf * 4).load(gl.SliceLayout(1, KC))
+            kf = _ring_vec(vec_ring, buf, VEC_KF).load(gl.SliceLayout(1, KC))
             hk = i_h // (HV // HK)
             base = ring_k_ptr + ((park + rtc)[:, None] * HK + hk) * DK + rj[None, :]
             for kc in gl.static_range(DK // BKC):
@@ -440,9 +448,9 @@ if gluon is not None:
             buf = jg % NB
             mbarrier.wait(mfull.index(buf), (jg // NB) & 1)
             rt_t = gl.arange(0, TP, layout=gl.SliceLayout(0, acc16))
-            kf = vec_ring.index(buf * 4).load(gl.SliceLayout(0, acc16))
-            qf = vec_ring.index(buf * 4 + 1).load(gl.SliceLayout(0, acc16))
-            dn = vec_ring.index(buf * 4 + 2).load(gl.SliceLayout(0, acc16))
+            kf = _ring_vec(vec_ring, buf, VEC_KF).load(gl.SliceLayout(0, acc16))
+            qf = _ring_vec(vec_ring, buf, VEC_QF).load(gl.SliceLayout(0, acc16))
+            dn = _ring_vec(vec_ring, buf, VEC_DN).load(gl.SliceLayout(0, acc16))
             X = gl.convert_layout(X, acc16) * kf[None, :]
             Y = gl.convert_layout(Y, acc16) * qf[None, :]
             rv_t = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, acc16))
@@ -473,7 +481,7 @@ if gluon is not None:
                                             gl.NVMMASharedLayout.get_default_for([TP, BKC], gl.bfloat16))  # fmt: skip
         inv_ring = gl.allocate_shared_memory(gl.float32, [NB, TP, TP], tt)
         p_ring = gl.allocate_shared_memory(gl.float32, [NB, TP, TP], tt)
-        vec_ring = gl.allocate_shared_memory(gl.float32, [NB * 4, TP], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        vec_ring = gl.allocate_shared_memory(gl.float32, [NB * RING_VECS, TP], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mfull = gl.allocate_shared_memory(gl.int64, [NB, 1], mbarrier.MBarrierLayout())
