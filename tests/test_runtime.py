@@ -191,7 +191,7 @@ def test_incremental_detokenizer_multibyte(engine):
 
 def test_spec_equals_ar_with_triton_plugins(engine, tmp_path):
     """The same losslessness with the ReplaySSM Triton kernels (Triton's interpreter on CPU). The example at half
-    size (77 prompt tokens, not 150): the interpreter's prefill is most of this test's time."""
+    size (77 prompt tokens, not 150) keeps the interpreter's prefill short; its decode steps take most of the time."""
     plugged = load_engine(engine.root, use_plugins=True)
     assert plugged.plugins == "triton"
     params = requests(plugged, 1, 0.0)[0][1]
