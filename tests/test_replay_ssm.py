@@ -147,7 +147,7 @@ def test_batch_invariant_kernel_matches_float64_recurrence(dtype):
     ts = [1, 6, 1, 5, 1, 1, 4]
     with batch_invariant_rows():
         for name, got, want in _run(True, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts,
-                                    launch=dict(block_v=16), pending_seen=seen):  # fmt: skip
+                                    pending_seen=seen):  # fmt: skip
             tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
     assert {min(n, 2) for T, n in seen if T > 1} == {0, 1, 2}

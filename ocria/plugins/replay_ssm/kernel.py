@@ -80,9 +80,7 @@ PREP_WARPS = 2
 # token's reductions in shuffles, no shared memory or barrier: 16 columns x 1 warp took 10.7 / 29.7 / 105 us at
 # batch 1 / 8 / 32 x 16 tokens, against 23.4 / 92.7 / 349 with 4 warps and 18-20 / 49-60 / 152-232 with 2 warps or
 # 32 columns, and beat the one-token kernel at T = 1 (2.5 / 6.0 / 22.0 us against 3.3 / 8.4 / 31.1)
-# (bench/results/invariance_replay_tiles_h200.json). Triton's CPU interpreter runs programs one after another, every
-# op a numpy call over the whole tile, so there one tile per head (the whole Dv) costs least: still one shape for
-# every batch and T.
+# (bench/results/invariance_replay_tiles_h200.json).
 INVARIANT_BLOCK_V = 16
 INVARIANT_WARPS = 1
 # The warp-specialized Hopper kernel (hopper.py) as a code path of OCRIA_DISABLE_KERNELS: naming it there sends its
@@ -611,8 +609,7 @@ def replay_verify_kernel(
     BK = max(16, triton.next_power_of_2(Dk))
     if batch_invariant() and T > 0 and precision is None and max_registers is None:
         # One tile shape and warp count at every batch and T (``block_v`` / ``num_warps`` only as benchmarks set them)
-        widest = triton.next_power_of_2(Dv)
-        BV = max(16, min(block_v or (INVARIANT_BLOCK_V if v.is_cuda else widest), widest))
+        BV = max(16, min(block_v or INVARIANT_BLOCK_V, triton.next_power_of_2(Dv)))
         _replay_sequential_kernel[(triton.cdiv(Dv, BV), Hv, B)](
             q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
             o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
