@@ -10,6 +10,8 @@ from PIL import Image
 from ocria.builder.engine import build_engine
 from ocria.errors import OcriaError
 from ocria.models import TargetCache
+from ocria.plugins.replay_ssm import ops as replay_ssm_ops
+from ocria.plugins.replay_ssm.ops import replay_verify
 from ocria.plugins.replay_ssm.reference import fold_pending
 from ocria.plugins.switch import batch_invariant, batch_invariant_rows
 from ocria.runtime import IncrementalDetokenizer, SamplingParams, load_engine
@@ -189,9 +191,11 @@ def test_incremental_detokenizer_multibyte(engine):
     assert all("\ufffd" not in p for p in pieces)
 
 
-def test_spec_equals_ar_with_triton_plugins(engine, tmp_path):
-    """The same losslessness with the ReplaySSM Triton kernels (Triton's interpreter on CPU). The example at half
-    size (77 prompt tokens, not 150) keeps the interpreter's prefill short; its decode steps take most of the time."""
+def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
+    """The same losslessness with the ReplaySSM Triton kernels (Triton's interpreter on CPU), where every step
+    costs seconds: the example at half size (77 prompt tokens, not 150), and the selector's threshold at 0 so the
+    oracle's drafts decide each accepted length. A verify step costs its 16 tokens whatever it accepts; without the
+    threshold's early cuts, ten tokens take four steps, not eight, and the steps fold 0, 1 and 5 pending tokens."""
     plugged = load_engine(engine.root, use_plugins=True)
     assert plugged.plugins == "triton"
     params = requests(plugged, 1, 0.0)[0][1]
@@ -202,7 +206,16 @@ def test_spec_equals_ar_with_triton_plugins(engine, tmp_path):
     assert run_alone(plugged, prompt, SamplingParams(**{**params.__dict__, "mode": "ar"})) == ref
     sched = plugged.scheduler(max_batch_size=2)
     real = plugged.drafter
-    plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.8, seed=5)
+    monkeypatch.setattr(real.config, "selector_threshold", 0.0)
+    plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.7, seed=2)
+    folded = set()
+
+    def recording(q, *args, **kwargs):  # what each verify call folds: its block length and pending counts
+        pending_len, slot_ids = args[11], args[12]
+        folded.update((q.shape[1], n) for n in pending_len[slot_ids].tolist())
+        return replay_verify(q, *args, **kwargs)
+
+    monkeypatch.setattr(replay_ssm_ops, "replay_verify", recording)
     try:
         sched.add(prompt, params)
         got = []
@@ -212,6 +225,7 @@ def test_spec_equals_ar_with_triton_plugins(engine, tmp_path):
     finally:
         plugged.drafter = real
     assert got == ref
+    assert {T for T, _ in folded} == {16} and {min(n, 2) for _, n in folded} == {0, 1, 2}, folded
 
 
 def test_decode_steps_run_the_target_batch_invariant(engine, monkeypatch):
