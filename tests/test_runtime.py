@@ -1,5 +1,6 @@
 """Runtime: lossless spec == ar under batching and joins, exact rollback, stops, detokenization."""
 
+import inspect
 import random
 from pathlib import Path
 
@@ -11,7 +12,6 @@ from ocria.builder.engine import build_engine
 from ocria.errors import OcriaError
 from ocria.models import TargetCache
 from ocria.plugins.replay_ssm import ops as replay_ssm_ops
-from ocria.plugins.replay_ssm.ops import replay_verify
 from ocria.plugins.replay_ssm.reference import fold_pending
 from ocria.plugins.switch import batch_invariant, batch_invariant_rows
 from ocria.runtime import IncrementalDetokenizer, SamplingParams, load_engine
@@ -208,12 +208,12 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
     real = plugged.drafter
     monkeypatch.setattr(real.config, "selector_threshold", 0.0)
     plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.7, seed=2)
-    folded = set()
+    folded, replay_verify = set(), replay_ssm_ops.replay_verify
 
-    def recording(q, *args, **kwargs):  # what each verify call folds: its block length and pending counts
-        pending_len, slot_ids = args[11], args[12]
-        folded.update((q.shape[1], n) for n in pending_len[slot_ids].tolist())
-        return replay_verify(q, *args, **kwargs)
+    def recording(*args, **kwargs):  # what each verify call folds: its block length and pending counts
+        named = inspect.signature(replay_verify).bind(*args, **kwargs).arguments
+        folded.update((named["q"].shape[1], n) for n in named["pending_len"][named["slot_ids"]].tolist())
+        return replay_verify(*args, **kwargs)
 
     monkeypatch.setattr(replay_ssm_ops, "replay_verify", recording)
     try:
