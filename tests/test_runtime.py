@@ -209,9 +209,10 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
     monkeypatch.setattr(real.config, "selector_threshold", 0.0)
     plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.7, seed=2)
     folded, replay_verify = set(), replay_ssm_ops.replay_verify
+    bind = inspect.signature(replay_verify).bind
 
     def recording(*args, **kwargs):  # what each verify call folds: its block length and pending counts
-        named = inspect.signature(replay_verify).bind(*args, **kwargs).arguments
+        named = bind(*args, **kwargs).arguments
         folded.update((named["q"].shape[1], n) for n in named["pending_len"][named["slot_ids"]].tolist())
         return replay_verify(*args, **kwargs)
 
