@@ -19,7 +19,7 @@ On the GPU the quantized modes are compute-bound (instruction issue, and the qua
   (``fp8_codes.e4m3_cvt``); E2M1 codes read their rounded integers from the mantissa bits of a sum with 2^22, 2^23
   or 2^24 by binade, no float-to-int convert;
 - NaN rows and blocks: a NaN-keeping amax (``fp8_codes.abs_max``), not a second reduction over NaN flags.
-The earlier builds and what each cost are in the README's benchmark table: Triton's ``tl.float8e4nv`` convert went
+The earlier builds and what each cost are in bench/HISTORY.md: Triton's ``tl.float8e4nv`` convert went
 through fp16 (midpoints rounded down, bench/results/silu_quant_h200_run2.json), and an E4M3 byte from a signed
 quotient lost the sign of -0, since Triton negates by subtracting from +0 (run14).
 
