@@ -350,8 +350,8 @@ for elem, is_bf16 in (("i16", True), ("fp16", False), ("fp32", False)):
 
 def test_approximate_silu_is_built_for_bf16_inputs_only():
     """The approximate silu is proven against PyTorch for every bf16 value only (bench/silu_quant.py); fp16 and fp32
-    inputs once took an approximate exp too and missed PyTorch's bytes on the H200 (bench/results/
-    silu_quant_dtypes_h200.json). For them ``fast_silu`` must build the same code as the IEEE silu."""
+    inputs once took an approximate exp too and missed PyTorch's bytes on the H200. For them ``fast_silu`` must build
+    the same code as the IEEE silu."""
     assert _run_without_interpreter(_COMPILE_SILU_FAST_AND_IEEE).split() == ["i16", "False", "fp16", "True", "fp32",
                                                                             "True"]
 

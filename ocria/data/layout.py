@@ -50,7 +50,7 @@ class SynthConfig:
             raise ConfigError(f"synthetic tables have 2 to 4 columns, got max_table_cols={self.max_table_cols}")
 
 
-# The benchmarks' long document: dense 13-20 px text, the prompt every bench/results file was measured on.
+# The benchmarks' long document: dense 13-20 px text, the prompt the GPU benchmarks (bench/) measure on.
 LONG_PAGE = SynthConfig(
     min_width=512, max_width=768, max_height=1024, max_paragraph_lines=10, max_list_items=8,
     max_table_rows=8, max_table_cols=4, max_blocks=6, min_font_px=13, max_font_px=20,

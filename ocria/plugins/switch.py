@@ -11,21 +11,21 @@ import torch
 
 from ocria.errors import OcriaError
 
-# nvfp4_ptx: a code path, not a kernel: the NVFP4 GEMM's PTX dequantization (CUDA, sm_89+), on by default since
-# the H200 run of 2026-11-30 (bench/results/quant_gemm_h200_run3.json); OCRIA_DISABLE_KERNELS=nvfp4_ptx unpacks
-# with integers as before. decode_gemm_fp8: FP8 layers' decode steps of up to 16 rows in the decode GEMM instead of
-# cuBLAS's _scaled_mm, whose 128-row tiles take 10 us per GEMM at M = 1 on the H200; on by default since the
-# A/B of 2026-11-30 (bench/results/e2e_mixed_fp8_h200_ab.json). nvfp4_gemv: the NVFP4 GEMM's one-row calls on the
-# CUDA cores (ocria/plugins/fp4_gemm/gemv.py) instead of the tensor-core kernel; on by default since the A/B of
-# 2026-11-30 (bench/results/e2e_mixed_gemv_ab_h200.json against e2e_mixed_no_gemv_ab_h200.json). replay_ssm_ws:
-# ReplaySSM's T > 1 verify in the warp-specialized Hopper kernel (ocria/plugins/replay_ssm/hopper.py) instead of the
-# prep and block kernels; on by default since the A/B of 2026-12-02 (bench/results/replay_ssm_s25_ws_ab_h200.json).
+# nvfp4_ptx: a code path, not a kernel: the NVFP4 GEMM's PTX dequantization (CUDA, sm_89+), on by default because
+# it is 2.5-5x faster at M = 1 on the H200 than integer unpacking, which OCRIA_DISABLE_KERNELS=nvfp4_ptx selects.
+# decode_gemm_fp8: FP8 layers' decode steps of up to 16 rows in the decode GEMM instead of cuBLAS's _scaled_mm,
+# whose 128-row tiles take 10 us per GEMM at M = 1 on the H200; on by default because it made the mixed recipe's
+# batch-1 ar step 2.71 ms against 2.99 there. nvfp4_gemv: the NVFP4 GEMM's one-row calls on the CUDA cores
+# (ocria/plugins/fp4_gemm/gemv.py) instead of the tensor-core kernel; on by default because it made the mixed
+# recipe's batch-1 ar step 2.16 ms against 2.48 on the H200. replay_ssm_ws: ReplaySSM's T > 1 verify in the
+# warp-specialized Hopper kernel (ocria/plugins/replay_ssm/hopper.py) instead of the prep and block kernels; on by
+# default because it takes 8-12% less time at T = 16 on the H200 (batch 8 to 64, same call).
 KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm",
            "decode_gemm_norm", "kv_write", "sigmoid_gate", "nvfp4_ptx", "decode_gemm_fp8", "nvfp4_gemv",
            "replay_ssm_ws")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
 # Off unless named in OCRIA_ENABLE_KERNELS. decode_gemm_norm: the norm folded into the GEMM made the H200's
-# bf16 decode step slower (bench/results/e2e_h200_norm_fold.json against e2e_h200_no_norm_fold.json).
+# bf16 batch-1 decode step slower (2.41 against 2.30 ms).
 OPT_IN = ("decode_gemm_norm",)
 ENABLE_ENV = "OCRIA_ENABLE_KERNELS"
 

@@ -50,8 +50,8 @@ class TrainConfig:
     target_steps: int = 5600  # 0: as many as fit in target_minutes (timed in the first call)
     target_minutes: float = 13.0
     line_steps: int = 0  # curriculum: the target's first steps read single lines only, then every kind. Off:
-    # in H200 runs 3-5 (bench/results/train_h200) 1700-2500 line steps never made the target use the image;
-    # run 5 began to read only after its switch to whole pages
+    # 1700-2500 line steps never made the target use the image; it began to read only once it trained on whole
+    # pages
     target_batch: int = 64
     target_lr: float = 1.5e-3
     target_warmup: int = 300
@@ -228,10 +228,10 @@ class Run:
 
         A stage configured with 0 steps gets ``minutes`` of training: its first call times the steps of the
         warmup's last three quarters (the first steps wait for the data workers and the kernels' first
-        launches: run 6's drafter timed 2.3 steps/s over steps 5-39 and then ran at 3.7), then fixes the total
-        (recorded in run.json) before warmup ends, so the cosine schedule is known from then on and identical
-        in every later call. A call that stops inside the warmup before that (run 7's first drafter call did,
-        at step 56 of 100) leaves the timing to the next call, over what is left of the warmup.
+        launches: on the H200 a drafter stage timed 2.3 steps/s over steps 5-39 and then ran at 3.7), then fixes
+        the total (recorded in run.json) before warmup ends, so the cosine schedule is known from then on and
+        identical in every later call. A call that stops inside the warmup before that (say at step 56 of 100)
+        leaves the timing to the next call, over what is left of the warmup.
         """
         cfg = self.cfg
         steps = getattr(cfg, steps_key)  # 0: not yet fixed (the first call times it, below)

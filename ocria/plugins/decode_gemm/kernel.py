@@ -2,7 +2,7 @@
 up to 16 rows, or a speculative verify block): one launch, split-K optional and reduced in that launch.
 
 Why: at M = 1 cuBLAS picks split-K GEMV kernels plus a separate reduce kernel, and the pair streams
-the weights well below the copy bandwidth (bench/results/e2e_h200.json, ``profile_ar_b1``). Here each
+the weights well below the copy bandwidth (the H200 profile of a batch-1 ``ar`` step). Here each
 program owns BLOCK_N output columns for all rows and streams its [BLOCK_N, K] weight slab once, in
 [BLOCK_N, BLOCK_K] tiles contiguous along K (16-byte vector loads, pipelined ``num_stages`` deep), while
 the x tile [16, BLOCK_K] comes from L2. The product runs on the tensor cores (``tl.dot`` with the row
@@ -25,7 +25,7 @@ also writes s, the residual stream. No split-K here: each program needs the whol
 FP8 (``decode_gemm_fp8_triton``): x and the weight as float8 E4M3 bytes, the MMA on them (exact products,
 fp32 sums), and the epilogue multiplies by the activation scale (per tensor or per row) and the weight scale
 (per tensor or per column) before its one bf16 rounding: ``_scaled_mm``'s math at decode shapes, where
-cuBLAS's FP8 kernels take 128-row tiles (bench/results/e2e_mixed_h200_ptx.json). The interpreter decodes
+cuBLAS's FP8 kernels take 128-row tiles (seen in the H200 profile of the mixed recipe's step). The interpreter decodes
 the bytes to fp32 exactly and multiplies in fp32.
 
 Batch invariance: the row tile is always 16 rows (padded, masked) and the configuration depends on
@@ -37,7 +37,7 @@ several sequences; elsewhere, as in prefill, cuBLAS is faster) run as 16-row til
 program: each weight tile it loads feeds one MMA of the 16-row shape per row tile, the instruction a 16-row call
 runs, so a row keeps its bits, and the weights are read once per four row tiles instead of once per tile. One
 wide MMA over 64 or 128 rows reads them less often still, and gave the same bits for every bf16 shape of
-ocria-1-sim on the H200, but not for an FP8 one (bench/results/invariance_h200.json): not taken.
+ocria-1-sim on the H200, but not for an FP8 one (bench/invariance.py): not taken.
 """
 
 import torch
@@ -218,8 +218,7 @@ def default_config(N: int, K: int) -> dict:
     Narrow outputs (N <= 4096) have too few column tiles to keep HBM busy: with a long K they split it
     four ways, with a short one they take 16-column programs. Each branch is the fastest configuration
     of bench/decode_gemm.py's sweep on the H200 for the ocria-1-sim weights of its class at every M
-    (bench/results/decode_gemm_h200_split.json, ``best_over_M``: gdn_out_proj and mlp_down, attn_o_proj,
-    and the wide in-projections with the LM head)."""
+    (its ``best_over_M``: gdn_out_proj and mlp_down, attn_o_proj, and the wide in-projections with the LM head)."""
     if N <= 4096 and K >= 4096:
         return {"block_n": 32, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": True, "split_k": 4}
     if N <= 4096:

@@ -2,7 +2,7 @@
 
 Why not the tensor-core kernel: at M = 1 its 16-row MMA tile is 1/16 used and the dequantized weights must be
 laid out (and on wgmma staged in shared memory) for the MMA, which left it at 4.8x its bytes' floor on the H200,
-no faster than the bf16 GEMM it replaces (bench/results/quant_gemm_slices_h200.json). Here each thread keeps its
+no faster than the bf16 GEMM it replaces (bench/quant_gemm.py). Here each thread keeps its
 weights where they were loaded: per 8 weights the PTX dequantization of ``dequant.DEQUANT_F32_ASM`` (exact
 products ``e2m1 * block_scale * 2^-26`` in bf16, widened to fp32 in the register) and 8 fp32 FMAs against x, summed
 across K once after the loop, times ``weight_scale_2 * 2^26`` and rounded once to bf16.
@@ -98,7 +98,7 @@ def _nvfp4_gemv_kernel(
 
 def default_gemv_config(N: int, K: int) -> dict:
     """Rows per program, K tile, warps and prefetch for a weight [N, K]: per class, the fastest (or within 3% of
-    it) of bench/quant_gemm.py's sweep on the H200 (bench/results/quant_gemm_gemv_f32_h200.json). Rows of up to
+    it) of bench/quant_gemm.py's sweep on the H200. Rows of up to
     2048 with 8192 outputs or more (gate_up, the GDN in-projection, the LM head): 16 rows in 512-wide tiles, no
     prefetch (gate_up 8.6 us; 10.0 with prefetch). Fewer outputs (attention in- and out-projections): 8 rows in
     1024-wide tiles, more programs for the SMs (attn_qkv 5.1 us; 6.2 in the 16-row tiles). Longer rows

@@ -1,10 +1,10 @@
 """Triton kernel: the new tokens' k and v rows into their KV-cache slots, both in one launch.
 
 Why: each attention layer of a decode step wrote its cache with two ``index_put`` kernels (k, v), 12 of the
-`ar` step's kernels on ocria-1-sim and more in the drafter (bench/results/e2e_h200_norm_fold.json,
-``profile_ar_b1``). A program copies one (token, KV head) row of k and of v; elements move as raw bits of
-their width, so the copy is exact for any dtype (and the interpreter needs no bf16 arithmetic). Positions
-outside the cache are not written: the runtime sizes caches so that none occur (the reference would raise).
+`ar` step's kernels on ocria-1-sim and more in the drafter (the H200 profile of a batch-1 ``ar`` step). A program
+copies one (token, KV head) row of k and of v; elements move as raw bits of their width, so the copy is exact for
+any dtype (and the interpreter needs no bf16 arithmetic). Positions outside the cache are not written: the runtime
+sizes caches so that none occur (the reference would raise).
 """
 
 import torch

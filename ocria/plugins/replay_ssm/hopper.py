@@ -19,19 +19,16 @@ the prep kernel's T x T work nor keep enough state loads in flight at moderate b
   ``mempty``); the consumers park the writes U, the log-decays and (consumer 0) the normalised keys for the next
   step. Its global loads go out a group ahead (keys and queries by cp.async into a second staging buffer): a
   per-partition clock timeline showed the consumers waiting 1-6 µs per group for the prep, whose loads went out
-  inside the group, one after another (bench/results/replay_ssm_s26_timeline_base_h200.json). The state loaders
+  inside the group, one after another (bench/replay_ssm_timeline.py). The state loaders
   start when the prep's first keys and queries have landed (mbarrier ``prep_loaded``), so those are not queued
   behind the state stream.
 
-The consumers wait for the prep only after their chunk loop, so the fold and the state traffic overlap it. Measured
-on the H200 against the prep and block kernels, same tree and call: bench/results/replay_ssm_s25_ws_ab_h200.json;
-the loads a group ahead against the session-25 file: bench/results/replay_ssm_s26_prefetch_ab_h200.json; the
-parking moved from the prep to the consumers: bench/results/replay_ssm_s34_cpark_ab_h200.json; the
-inverse on the tensor cores and the gated state loaders: bench/results/replay_ssm_s27_tc_ab_h200.json,
-bench/results/replay_ssm_s27_gate_stages_ab_h200.json; the consumers' keys and queries by cp.async a tile ahead and
-their inputs' weights before the next tile's loads: bench/results/replay_ssm_s28_kq_ab_h200.json,
-bench/results/replay_ssm_s28_reorder_ab_h200.json; with ``OCRIA_PDL=1`` (launch.py) the kernel waits for the one
-before it after its shared-memory setup: bench/results/replay_ssm_s28_pdl_ab_h200.json.
+The consumers wait for the prep only after their chunk loop, so the fold and the state traffic overlap it. Each
+choice here was timed on the H200 against its alternative in the same call (bench/replay_ssm_ab.py): the kernel
+against the prep and block kernels; the prep's loads a group ahead; the parking in the consumers rather than the
+prep; the inverse on the tensor cores and the gated state loaders; the consumers' keys and queries by cp.async a
+tile ahead, with their inputs' weights before the next tile's loads; and, with ``OCRIA_PDL=1`` (launch.py), the
+wait for the kernel before it placed after the shared-memory setup.
 Gluon is experimental and its API moves between Triton releases, so this path runs only on the release it was
 checked with (``CHECKED_TRITON``); every other case takes the block kernel.
 """
@@ -154,7 +151,7 @@ if gluon is not None:
         inputs) with B and the inverse kept in the MMA layout. ``bufs``: seven [TP, TP] fp32 shared-memory buffers,
         B^(2^i) in bufs[i] and the partial inverses in bufs[4 + i], each its own allocation and written once per call,
         so the only barriers are the three between a product's store and its reads. (On the CUDA cores each product
-        converted its operands' layouts and took 770 FFMA a group: bench/results/replay_ssm_s27_tc_ab_h200.json.)"""
+        converted its operands' layouts and took 770 FFMA a group.)"""
         MA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MACC, k_width=1)
         MB: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=MACC, k_width=1)
         bufs[0].store(B)
@@ -238,8 +235,8 @@ if gluon is not None:
         into that consumer's ring. The consumers park the normalised keys and the log-decays for the next step: the
         parking address needs the slot's ring phase, two dependent round trips at the start, and in the SASS the
         loop's first use of the carried gate inputs waited for every load in flight, the phase's included; the
-        first group's prep then began about a round trip late (bench/results/replay_ssm_s34_cpark_ab_h200.json:
-        batch 8 15.24-15.28 against 15.25-15.53 µs at T = 16, 14.44-14.50 against 15.34-15.40 at T = 8). Every
+        first group's prep then began about a round trip late (on the H200, batch 8: 15.24-15.28 against
+        15.25-15.53 µs at T = 16, 14.44-14.50 against 15.34-15.40 at T = 8). Every
         global load of a group goes out one group ahead, so no group waits on a round trip: the partition's pace is
         its arithmetic."""
         NW: gl.constexpr = 2
@@ -274,8 +271,7 @@ if gluon is not None:
             qk = gl.convert_layout(mma_v2(kq_prep.index(kq + 1).load(MA), kb, zero), L2)
             qq = gl.sum(gl.where(eye, gl.convert_layout(mma_v2(kq_prep.index(kq + 1).load(MA), qb, zero), L2), 0.0), 1)
             # The next group's loads into the other buffer, whose readers (the group before this one) are done;
-            # after the products, so they do not hold up the first group's (at batch 8 a CTA's only group):
-            # bench/results/replay_ssm_s35_prefetch_ab_h200.json.
+            # after the products, so they do not hold up the first group's (at batch 8 a CTA's only group).
             nxt = _prep_loads(q_ptr, k_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, kq_prep, (jg + 1) % 2 * 2,
                               gl.minimum(g + stride, n_groups - 1), T, sq, sk, sa, sb, HK, DK, TP, KL, L2)  # fmt: skip
             kf_i = gl.rsqrt(gl.sum(gl.where(eye, kk, 0.0), 1) + eps)
@@ -311,8 +307,7 @@ if gluon is not None:
                       BV: gl.constexpr, STAGES: gl.constexpr, MAXT: gl.constexpr):  # fmt: skip
         """TMA copies of consumer c's state chunks, in the order it folds them, into its ring, from the moment the
         prep partition's first keys and queries have landed: issued at once, the state copies (8 MB at batch 8)
-        queue ahead of them, and the prep, whose matrices every tile's tail waits for, starts last
-        (bench/results/replay_ssm_s27_gate_stages_ab_h200.json)."""
+        queue ahead of them, and the prep, whose matrices every tile's tail waits for, starts last."""
         VEC: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         jt = gl.arange(0, MAXT, VEC)
         gv = first + jt * stride
@@ -511,9 +506,8 @@ if gluon is not None:
         bufs1, full1, empty1, kp1, kq1, inv1, p1, vec1, mfull1, mempty1 = _consumer_buffers(desc, DK, BKC, BV, TP,
                                                                                             STAGES, NB)  # fmt: skip
         # Rows of 16-byte vectors XOR-swizzled over 8 phases: unswizzled, the prep's ldmatrix reads of these 256-byte
-        # rows were 8-way bank conflicts, 97% of the kernel's excess shared wavefronts at batch 16
-        # (bench/results/replay_ssm_s25_ws_ncu_source_b16.txt); the swizzle took 1-3% off the step
-        # (bench/results/replay_ssm_s25_prep_swizzle_h200.json). Two groups' keys and queries: the next group's
+        # rows were 8-way bank conflicts, 97% of the kernel's excess shared wavefronts at batch 16 (ncu source
+        # view); the swizzle took 1-3% off the step on the H200. Two groups' keys and queries: the next group's
         # copies land while this one's are read.
         kq_prep = gl.allocate_shared_memory(gl.bfloat16, [4, TP, DK], gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
         # The inverse's operands, one allocation each: a store into a buffer of a shared allocation had the compiler

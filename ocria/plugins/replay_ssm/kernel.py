@@ -65,8 +65,8 @@ from ocria.plugins.replay_ssm import hopper
 from ocria.plugins.switch import batch_invariant, disabled_kernels
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
-# products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (H200
-# check in bench/results/replay_ssm_h200.json), under bf16's own rounding, at a third of the registers.
+# products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (checked on the
+# H200 against float64 by bench/replay_ssm.py), under bf16's own rounding, at a third of the registers.
 DOT_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
 # At T = 1 the new token's loads can go out before the fold, off the critical path, but its values are
 # then held across the fold: free in registers for 16-column tiles, 170 -> 208 registers (one program
@@ -79,8 +79,7 @@ PREP_WARPS = 2
 # Batch-invariant steps (``_replay_sequential_kernel``): one tile for every batch size and T. One warp keeps each
 # token's reductions in shuffles, no shared memory or barrier: 16 columns x 1 warp took 10.7 / 29.7 / 105 us at
 # batch 1 / 8 / 32 x 16 tokens, against 23.4 / 92.7 / 349 with 4 warps and 18-20 / 49-60 / 152-232 with 2 warps or
-# 32 columns, and beat the one-token kernel at T = 1 (2.5 / 6.0 / 22.0 us against 3.3 / 8.4 / 31.1)
-# (bench/results/invariance_replay_tiles_h200.json).
+# 32 columns, and beat the one-token kernel at T = 1 (2.5 / 6.0 / 22.0 us against 3.3 / 8.4 / 31.1; H200).
 INVARIANT_BLOCK_V = 16
 INVARIANT_WARPS = 1
 # The warp-specialized Hopper kernel (hopper.py) as a code path of OCRIA_DISABLE_KERNELS: naming it there sends its
@@ -512,9 +511,8 @@ KEY_CHUNK = 32
 # Deep grids, key chunks, tf32 products (bf16 / fp16 inputs): five programs per SM. The block kernel compiles to 108
 # registers (four per SM) since the pending writes are weighted once per tile; capped at 96 it does not spill (the
 # tf32x3 build for fp32 inputs needs 138 and would; it keeps the deep-grid cap), and batch 64 at T = 16 took 121-123
-# against 139-142 µs uncapped (bench/results/replay_ssm_t13_h200.json); at 80 (six per SM) it spills and took 145
-# (replay_ssm_r80_h200.json). Shallow grids are not capped: batch 16 was faster without (35.6-35.9 against
-# 37.2-37.7 µs, replay_ssm_t13_h200.json).
+# against 139-142 µs uncapped on the H200; at 80 (six per SM) it spills and took 145. Shallow grids are not
+# capped: batch 16 was faster without (35.6-35.9 against 37.2-37.7 µs).
 KEY_CHUNK_MAX_REGISTERS = 96
 
 
@@ -540,8 +538,8 @@ def launch_config(batch: int, num_v_heads: int, head_v_dim: int, sm_count: int) 
     narrower tiles spread the same state over more programs. Wide tiles stay where the grid is large:
     they feed wgmma. A 64-column whole-tile program (the one-token kernel) needs ~210 registers, two per SM;
     capped at ``DEEP_GRID_MAX_REGISTERS`` (a few hundred bytes of spills) three fit, which pays once every SM has
-    ``DEEP_GRID_PROGRAMS_PER_SM`` programs to run (bench/results/replay_ssm_launch_prep_h200.json:
-    batch >= 32 faster, batch 8 slower). The block kernel's key chunks take ``KEY_CHUNK_MAX_REGISTERS`` instead.
+    ``DEEP_GRID_PROGRAMS_PER_SM`` programs to run (on the H200: batch >= 32 faster, batch 8 slower). The block
+    kernel's key chunks take ``KEY_CHUNK_MAX_REGISTERS`` instead.
     """
     for bv in BLOCK_V_CHOICES[:-1]:
         programs = triton.cdiv(head_v_dim, bv) * num_v_heads * batch
@@ -556,10 +554,9 @@ def key_chunking(block_v: int, block_k: int) -> tuple[int, int]:
 
     Chunks of ``KEY_CHUNK`` keys hold 96-108 registers, four or five programs per SM, against ~220 for the whole
     tile, and the next chunks' loads are in flight while one is folded: batch 16-64 at T = 16 9-10% faster than the
-    whole tile (bench/results/replay_ssm_key_chunking_h200.json). The 16-column tiles of the smallest grids keep the
+    whole tile on the H200. The 16-column tiles of the smallest grids keep the
     whole tile, one load and no loop: there one program's latency is the step's (batch 1: 9.4 against 13.3 µs).
-    Three stages at every batch from 4 to 64; two or four and register caps of 64-88 were no faster
-    (bench/results/replay_ssm_regs_stages_h200.json).
+    Three stages at every batch from 4 to 64; two or four and register caps of 64-88 were no faster.
     """
     if block_v <= BLOCK_V_CHOICES[-1]:
         return block_k, 1
@@ -647,8 +644,7 @@ def replay_verify_kernel(
     overlap = OVERLAP_PREP and pdl_capable(v.device)
     # Deep grids: one prep program per key head (its Gram and score matrices once for all its value heads, half
     # the programs at Qwen3.5's GQA: batch 32 70.8 -> 67.3 µs); shallow ones keep one per value head, whose
-    # shorter chain is the step's latency there (batch 8 21.6 against 23.0 µs;
-    # bench/results/replay_ssm_prep_per_key_head_h200.json).
+    # shorter chain is the step's latency there (batch 8 21.6 against 23.0 µs on the H200).
     prep_heads = Hv // Hk if deep_grid(math.prod(grid), _sm_count(v.device)) else 1
     _chunk_prep_kernel[(Hv // prep_heads, B)](
         q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,

@@ -1,7 +1,7 @@
 """Triton kernel: the gated attention's output ``o * sigmoid(gate)`` in one launch.
 
 Why: each attention layer of a decode step spent three kernels on it (the strided gate's copy, the sigmoid,
-the multiply; bench/results/e2e_h200_norm_fold.json, ``profile_ar_b1``). The rounding chain is PyTorch's:
+the multiply, in the H200 profile of a batch-1 ``ar`` step). The rounding chain is PyTorch's:
 the sigmoid ``1 / (1 + exp(-g))`` in fp32 rounded to the input dtype, then the product rounded once. bf16
 travels as int16 bits (exact in the interpreter, which has no bf16 arithmetic).
 """

@@ -10,18 +10,17 @@ On the GPU the quantized modes are compute-bound (instruction issue, and the qua
   elements of a pair rounded by one ``cvt.rn.bf16x2.f32`` and multiplied by ``mul.rn.bf16x2`` (``_SILU_MUL_BF16X2``).
   Not IEEE, but with 65536 bf16 inputs the check is complete: bench/silu_quant.py gets PyTorch's bf16 for every
   gate value and every up value on the H200 (it times the IEEE silu if not). 47 -> 17 SASS instructions per element
-  in bf16 mode (bench/results/silu_quant_sass.json). fp16 and fp32 inputs, for which no such check is complete,
+  in bf16 mode (bench/silu_quant_sass.py). fp16 and fp32 inputs, for which no such check is complete,
   take libdevice's ``expf`` (PyTorch's) and an IEEE division whatever ``fast_silu`` says: an approximate exp there
-  missed PyTorch's bytes (bench/results/silu_quant_dtypes_h200.json);
+  missed PyTorch's bytes on the H200;
 - quotients by a scale (NVFP4 block scales; FP8 scales in [2^-64, 2^119]): a multiply by the correctly rounded
   reciprocal plus one FMA correction (exact by Markstein's theorem);
 - E4M3 bytes: PTX's single-rounding ``cvt.rn.satfinite.e4m3x2.f32`` of |h| / scale, the sign put back from h's bits
   (``fp8_codes.e4m3_cvt``); E2M1 codes read their rounded integers from the mantissa bits of a sum with 2^22, 2^23
   or 2^24 by binade, no float-to-int convert;
 - NaN rows and blocks: a NaN-keeping amax (``fp8_codes.abs_max``), not a second reduction over NaN flags.
-The earlier builds and what each cost are in bench/HISTORY.md: Triton's ``tl.float8e4nv`` convert went
-through fp16 (midpoints rounded down, bench/results/silu_quant_h200_run2.json), and an E4M3 byte from a signed
-quotient lost the sign of -0, since Triton negates by subtracting from +0 (run14).
+Two simpler builds gave wrong bytes: Triton's ``tl.float8e4nv`` convert goes through fp16 (midpoints rounded down),
+and an E4M3 byte from a signed quotient loses the sign of -0, since Triton negates by subtracting from +0.
 
 NVFP4 has its own kernel (``_nvfp4_kernel``): a thread holds one 16-element block, read as pair words, so amax, block
 scale and divisor are per thread, and programs walk tiles of blocks with the next tile's loads in flight.
@@ -604,7 +603,7 @@ def _compiled(kernel, device: torch.device):
 # keep NVFP4_WARPS_PER_SM warps on each SM. ptxas builds the tile loop in 64 registers if left alone and then issues
 # the next tile's loads at its end; capped at NVFP4_MAX_REGISTERS it takes 80 (24 warps per SM) and issues them
 # about 80 instructions in (bench/silu_quant_sass.py), which is what makes the loop's memory time overlap its
-# arithmetic (bench/results/silu_quant_s32_first_loads_ab_h200.json)
+# arithmetic (timed on the H200 against the uncapped build)
 NVFP4_MAX_BLOCKS = 128
 NVFP4_MIN_TILES = 256
 NVFP4_WARPS_PER_SM = 24
@@ -617,31 +616,28 @@ CAPPED_FROM_ROWS = 1024
 
 
 def default_config(mode: str, M: int, N: int) -> dict:
-    """Rows x columns per program and warps, from the sweep at 4096 x 12288 in bench/results/silu_quant_h200_run18.json
+    """Rows x columns per program and warps, from bench/silu_quant.py's sweep at 4096 x 12288 on the H200
     (bf16 73.7 us and FP8 static 61.8, the best there), with the approximate bf16 silu, exact for every bf16 gate and
     up value in that run.
 
     NVFP4 (``_nvfp4_kernel``): one block per thread, 24 warps per SM (80 registers under the cap) walking the tiles,
     tiles of 128 blocks (4 warps, 6 programs per SM) where that still makes ``NVFP4_MIN_TILES`` tiles, halved down
-    to 32 blocks (one warp) until it does (bench/results/silu_quant_s32_first_loads_ab_h200.json: at 1024 rows of
-    6144 / 12288 / 18944 8.88 / 16.01 / 23.30 us, 4096 x 12288 56.73, against 8.92 / 15.97 / 23.35 / 57.15 with
-    one-warp programs and 8.98 / 16.19 / 23.28 / 56.50 with 8-warp ones; the loop left at 64 registers, 32 warps
-    per SM, 9.90 us at 1024 x 6144: silu_quant_s32_floors_ab_h200.json; all with pooled outputs). With rotating
-    outputs (silu_quant_h200_session33b.json, its sweep at 1024 rows of 6144 / 12288): 9.40 / 16.13 us, 2-warp
-    programs 9.31 / 16.06, one-warp 9.45 / 16.08, 8-warp 9.52 / 16.38, uncapped 4-warp ones 10.27 / 17.37.
+    to 32 blocks (one warp) until it does (on the H200: at 1024 rows of 6144 / 12288 / 18944 8.88 / 16.01 / 23.30
+    us, 4096 x 12288 56.73, against 8.92 / 15.97 / 23.35 / 57.15 with one-warp programs and 8.98 / 16.19 / 23.28 /
+    56.50 with 8-warp ones; the loop left at 64 registers, 32 warps per SM, 9.90 us at 1024 x 6144; all with pooled
+    outputs). With rotating outputs (the sweep at 1024 rows of 6144 / 12288): 9.40 / 16.13 us, 2-warp programs 9.31
+    / 16.06, one-warp 9.45 / 16.08, 8-warp 9.52 / 16.38, uncapped 4-warp ones 10.27 / 17.37.
 
     Per-token FP8: the row held in registers by ``_token_fp8_row_kernel`` as equal tiles (16 or 8 elements per
-    thread, whichever pads the row less), h computed once, with 8 warps up to 6144 columns and 16 above
-    (bench/results/silu_quant_h200_run29.json: at 1024 rows 9.75 / 18.54 / 27.19 us for 6144 / 12288 / 18944
-    columns, against 11.07 / 20.11 / 27.18 for run 28's 4 / 8 / 16 warps; at 4096 rows 32.33 / 61.94 / 93.63 against
-    34.50 / 63.61 / 93.49; 18944 with the tiles of unequal widths before it, run28: 34.0 us at 1024 rows, 115.1 at
-    4096). Registers capped at ``ROW_MAX_REGISTERS`` (32 warps per SM; a few bytes of spills): always at 16 warps,
-    where a build at 121 registers (silu_quant_sass_row16_remainder.json) ran 18944-wide rows at 163.7 us against
-    116.6 (silu_quant_h200_run17.json against run16); at 8 warps from ``CAPPED_FROM_ROWS`` rows, where it pays
-    (run29: 1024 x 6144 9.87 -> 9.75 us, 4096 x 6144 33.34 -> 32.84) and not below (1 to 128 rows 2-4% slower with it
-    at 4 and 8 warps: silu_quant_h200_run20.json's table against run19's). The best two-pass chunks took 46.7, 87.9
-    and 162.0 us at 4096 rows (run18). Rows wider than 32768 (not measured since run 10) walk their chunks twice,
-    amax then bytes: 1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below (silu_quant_h200_run10.json)."""
+    thread, whichever pads the row less), h computed once, with 8 warps up to 6144 columns and 16 above (on the
+    H200: at 1024 rows 9.75 / 18.54 / 27.19 us for 6144 / 12288 / 18944 columns, against 11.07 / 20.11 / 27.18 with
+    4 / 8 / 16 warps; at 4096 rows 32.33 / 61.94 / 93.63 against 34.50 / 63.61 / 93.49; 18944 with tiles of unequal
+    widths: 34.0 us at 1024 rows, 115.1 at 4096). Registers capped at ``ROW_MAX_REGISTERS`` (32 warps per SM; a few
+    bytes of spills): always at 16 warps, where a build at 121 registers ran 18944-wide rows at 163.7 us against
+    116.6; at 8 warps from ``CAPPED_FROM_ROWS`` rows, where it pays (1024 x 6144 9.87 -> 9.75 us, 4096 x 6144 33.34
+    -> 32.84) and not below (1 to 128 rows 2-4% slower with it at 4 and 8 warps). The best two-pass chunks took
+    46.7, 87.9 and 162.0 us at 4096 rows. Rows wider than 32768 (timed only with an earlier build) walk their chunks
+    twice, amax then bytes: 1024-column chunks with 4 warps from 1024 rows, 2048 with 8 below."""
     if mode == "fp8_dynamic":
         if N <= 32768:
             warps = 8 if N <= 6144 else 16
