@@ -137,6 +137,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "notimage.png").write_text("hello, I am text")
     (tmp / "empty.png").write_bytes(b"")
     Image.new("RGB", (1024, 1024), "white").save(tmp / "huge.png")
+    Image.new("RGB", (4, 5000), "white").save(tmp / "thin.png")
     return {
         "missing": (["--image", str(tmp / "nope.png")], "image file not found"),
         "not_image": (["--image", str(tmp / "notimage.png")], "not a readable image"),
@@ -144,10 +145,22 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "too_big": (["--image", str(tmp / "huge.png")], "over the limit of 262144"),
         "max_tokens_0": (["--max-tokens", "0"], "max_tokens must be a positive integer"),
         "max_tokens_big": (["--max-tokens", "100000"], "beyond what fits"),
-        "temperature": (["--temperature", "-1"], "temperature must be >= 0"),
+        "max_tokens_negative": (["--max-tokens", "-5"], "max_tokens must be a positive integer"),
+        "temperature": (["--temperature", "-1"], "temperature must be a finite number >= 0"),
+        "temperature_nan": (["--temperature", "nan"], "temperature must be a finite number >= 0"),
+        "temperature_inf": (["--temperature", "inf"], "temperature must be a finite number >= 0"),
         "top_p_0": (["--top-p", "0"], "top_p must be in (0, 1]"),
         "top_p_big": (["--top-p", "1.5"], "top_p must be in (0, 1]"),
+        "top_p_nan": (["--top-p", "nan"], "top_p must be in (0, 1]"),
+        "top_k_negative": (["--top-k", "-1"], "top_k must be >= 0"),
+        "seed_huge": (["--seed", str(2**64)], "seed must be a 64-bit integer"),
+        "seed_very_negative": (["--seed", str(-(2**63) - 1)], "seed must be a 64-bit integer"),
+        "empty_stop": (["--stop", ""], "stop strings must not be empty"),
         "memory_fraction": (["--gpu-memory-fraction", "0"], "gpu_memory_fraction must be in (0, 1]"),
+        "memory_fraction_big": (["--gpu-memory-fraction", "1.5"], "gpu_memory_fraction must be in (0, 1]"),
+        "device_tpu": (["--device", "tpu"], "device 'tpu': use cpu, cuda or cuda:N"),
+        "device_garbage": (["--device", "cuda:x"], "device 'cuda:x': use cpu, cuda or cuda:N"),
+        "thin": (["--image", str(tmp / "thin.png")], "a 4x5000 image cannot be read as a page"),
     }
 
 
@@ -159,6 +172,17 @@ def test_bad_input_one_line_errors(tmp_path, engine_dir, capsys):
         err = captured.err.strip()
         assert message in err and "\n" not in err and "Traceback" not in err, name
         assert captured.out == "", name
+
+
+def test_extreme_seeds_run_and_agree(engine_dir, capsys):
+    """Any 64-bit seed runs, and one bit pattern is one seed whichever way it is written (-1 == 2^64 - 1)."""
+    outputs = []
+    for seed in ("-1", str(2**64 - 1), str(2**63)):
+        args = ["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), "--json", "--temperature", "0.9",
+                "--seed", seed, "--max-tokens", "6"]
+        assert main(args) == 0
+        outputs.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert outputs[0] == outputs[1] and len(outputs[2]) == 6
 
 
 def test_missing_engine(tmp_path, capsys):

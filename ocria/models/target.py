@@ -109,16 +109,18 @@ class OCRiaForConditionalGeneration(_LMBase):
         return self.model.language_model
 
     def embed(self, input_ids: Tensor, pixel_values: Tensor | None = None,
-              image_grid_thw: Tensor | None = None) -> Tensor:
-        """Token embeddings with the vision encoder's outputs placed at the image-pad positions."""
+              image_grid_thw: Tensor | None = None, check: bool = True) -> Tensor:
+        """Token embeddings with the vision encoder's outputs placed at the image-pad positions. ``check=False``:
+        the caller has matched image tokens and patches already (no host sync: the call can be graph-captured,
+        with ``image_grid_thw`` on the CPU)."""
         embeds = self.text.embed_tokens(input_ids)
         is_image = input_ids == self.config.image_token_id
         if pixel_values is None:
-            if bool(is_image.any()):
+            if check and bool(is_image.any()):
                 raise RequestError("prompt has image tokens but no pixel_values")
             return embeds
         feats = self.model.visual(pixel_values, image_grid_thw).to(embeds.dtype)
-        if int(is_image.sum()) != feats.shape[0]:
+        if check and int(is_image.sum()) != feats.shape[0]:
             raise RequestError(
                 f"prompt has {int(is_image.sum())} image tokens but the image gives {feats.shape[0]} embeddings")
         return embeds.masked_scatter(is_image[..., None], feats)

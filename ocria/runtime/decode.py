@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ocria.errors import RequestError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
 from ocria.plugins.switch import batch_invariant_rows
 from ocria.runtime.processor import PreparedPrompt
@@ -43,30 +44,69 @@ class StepResult:
     proposed: Tensor  # [B] drafts offered for verification (0 in ar mode)
 
 
+@dataclass
+class PrefillInputs:
+    """One prompt, ready for ``prefill_forward``: what it needs from the host is computed here, so the forward
+    itself never waits on the device (it can be captured in a CUDA graph)."""
+
+    ids: Tensor  # [1, T] long, on the device
+    pixel_values: Tensor | None  # [P, C*Tp*p*p] float pixel values on the device
+    grid: Tensor | None  # [1, 3] long on the CPU: the vision encoder reads its sizes on the host
+    positions: Tensor  # [3, 1, T] long mRoPE ids, on the device
+    delta: Tensor  # [1] long: text position offset after the image, on the device
+
+    @property
+    def key(self) -> tuple:
+        """What the shapes of a prefill depend on: prompt length and image grid."""
+        return self.ids.shape[1], None if self.grid is None else tuple(self.grid.reshape(-1).tolist())
+
+
+def prefill_inputs(target: OCRiaForConditionalGeneration, prompt: PreparedPrompt,
+                   device: torch.device) -> PrefillInputs:
+    """Check a prompt's image tokens against its image and lay it out for ``prefill_forward`` on ``device``
+    (pixel values already on the device, as ``Engine.on_device`` gives them, stay where they are)."""
+    ids, grid = prompt.input_ids[None], prompt.image_grid_thw
+    if grid is not None:
+        grid = grid.cpu()
+        merge = target.config.vision.spatial_merge_size
+        want = int(grid.prod(-1).sum()) // merge**2
+        have = int((ids == target.config.image_token_id).sum())
+        if have != want:
+            raise RequestError(f"prompt has {have} image tokens but the image gives {want} embeddings")
+    positions, delta = target.positions(ids.cpu(), grid)
+    pixels = prompt.pixel_values.to(device) if prompt.pixel_values is not None else None
+    return PrefillInputs(ids.to(device), pixels, grid, positions.to(device), delta.to(device))
+
+
+def prefill_forward(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
+                    dcache: DrafterCache | None, slots: Tensor, inputs: PrefillInputs, chunk: int = 512) -> Tensor:
+    """Run a prompt into the empty slot ``slots`` [1] in chunks of ``chunk`` tokens; returns last-position logits
+    [1, V]. No host synchronisation: the call can be captured in a CUDA graph."""
+    tcache.reset(slots)
+    if dcache is not None:
+        dcache.reset(slots)
+    embeds = target.embed(inputs.ids, inputs.pixel_values, inputs.grid, check=False)
+    tcache.rope_delta[slots] = inputs.delta
+    capture = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
+    length = inputs.ids.shape[1]
+    for start in range(0, length, chunk):
+        end = min(start + chunk, length)
+        hidden, feats = target.forward_cached(embeds[:, start:end], inputs.positions[:, :, start:end], tcache, slots,
+                                              "prefill", capture=capture, attn_len=end)
+        tcache.kv_len[slots] = end
+        if drafter is not None:
+            counts = torch.full((1,), end - start, dtype=torch.long, device=slots.device)
+            drafter.append_context(torch.cat(feats, -1), counts, dcache, slots)
+    return target.logits(hidden[:, -1])
+
+
 @torch.no_grad()
 def prefill(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
             dcache: DrafterCache | None, slot: int, prompt: PreparedPrompt, chunk: int = 512) -> Tensor:
     """Run a prompt (image + text) into an empty slot in chunks; returns last-position logits [1, V]."""
     device = tcache.kv_len.device
     slots = torch.tensor([slot], device=device)
-    tcache.reset(slots)
-    if dcache is not None:
-        dcache.reset(slots)
-    ids = prompt.input_ids[None].to(device)
-    grid = prompt.image_grid_thw.to(device)
-    embeds = target.embed(ids, prompt.pixel_values.to(device), grid)
-    positions, delta = target.positions(ids, grid)
-    tcache.rope_delta[slots] = delta.to(device)
-    capture = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-    length = ids.shape[1]
-    for start in range(0, length, chunk):
-        end = min(start + chunk, length)
-        hidden, feats = target.forward_cached(embeds[:, start:end], positions[:, :, start:end], tcache, slots,
-                                              "prefill", capture=capture, attn_len=end)
-        tcache.kv_len[slots] = end
-        if drafter is not None:
-            drafter.append_context(torch.cat(feats, -1), torch.tensor([end - start], device=device), dcache, slots)
-    return target.logits(hidden[:, -1])
+    return prefill_forward(target, drafter, tcache, dcache, slots, prefill_inputs(target, prompt, device), chunk)
 
 
 @torch.no_grad()

@@ -1,28 +1,48 @@
 """Incremental detokenization: emit text only once it is final, so streamed pieces concatenate to
-exactly ``tokenizer.decode(all_ids)`` (no broken multi-byte characters, no lost spaces)."""
+exactly ``tokenizer.decode(all_ids)`` (no broken multi-byte characters, no lost spaces).
+
+A push decodes only the tokens since the last clean boundary, not the whole output: with a byte-level BPE
+decoder (Qwen's) and no clean-up of spaces, the text of ``ids`` is the UTF-8 decoding of their bytes, so where the
+text so far ends on a whole character, ``decode(a + b) == decode(a) + decode(b)``. Other decoders (which may
+strip or merge across tokens) decode the whole output on every push, as the definition says.
+"""
+
+from collections.abc import Callable
+
+
+def _decoder(tokenizer, skip_special_tokens: bool) -> tuple[Callable[[list[int]], str], bool]:
+    """(ids -> text, whether text splits exactly at clean boundaries) for a transformers tokenizer."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return (lambda ids: tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)), False
+    splits = type(backend.decoder).__name__ == "ByteLevel"
+    return (lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)), splits
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
-        self.tokenizer = tokenizer
-        self.skip = skip_special_tokens
+        self._decode, self._splits = _decoder(tokenizer, skip_special_tokens)
         self.ids: list[int] = []
+        self._done = 0  # ids[:_done] decode to _done_text for good (a clean boundary)
+        self._done_text = ""
         self.emitted = ""
 
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
+    def _text(self) -> str:
+        return self._done_text + self._decode(self.ids[self._done:])
 
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the new final text (held back while it ends in an incomplete character)."""
         self.ids.extend(token_ids)
-        text = self._decode()
+        text = self._text()
         if text.endswith("\ufffd"):
             return ""
+        if self._splits:
+            self._done, self._done_text = len(self.ids), text
         return self._advance(text)
 
     def flush(self) -> str:
         """End of stream: return whatever is left, replacement characters included."""
-        return self._advance(self._decode())
+        return self._advance(self._text())
 
     def _advance(self, text: str) -> str:
         new = text[len(self.emitted):] if text.startswith(self.emitted) else ""

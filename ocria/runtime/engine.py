@@ -9,9 +9,25 @@ from ocria.errors import OcriaError, RequestError
 from ocria.manifest import verify_engine
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
 from ocria.models.cache import cache_bytes
-from ocria.runtime.processor import PreparedPrompt, Processor
+from ocria.runtime.processor import PreparedPrompt, Processor, pixels_from_bytes
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
+
+
+def _device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` or ``cuda:N`` of a GPU that exists; OcriaError naming the problem otherwise."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise OcriaError(f"device {name!r}: use cpu, cuda or cuda:N")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise OcriaError(f"device {name!r} requested but no CUDA GPU is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise OcriaError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
+    return device
 
 
 def check_fraction(fraction: float) -> None:
@@ -52,9 +68,7 @@ class Engine:
             raise OcriaError(f"{self.root}: engine directory not found")
         self.manifest = verify_engine(self.root) if verify else {}
         profile = self.manifest.get("profile", {})
-        self.device = torch.device(device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise OcriaError("device 'cuda' requested but no CUDA GPU is available")
+        self.device = _device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
@@ -63,6 +77,7 @@ class Engine:
         self.max_seq_len = int(profile.get("max_seq_len", 2048))
         self.prefill_chunk = int(profile.get("prefill_chunk", 512))
         self.processor = Processor.from_engine_dir(self.root, int(profile.get("max_image_pixels", 1 << 20)))
+        self._byte_table: torch.Tensor | None = None
         self.target = load_target(self.root / "target", self.dtype, str(self.device))
         self.target.set_plugins(use_plugins)
         self.target.text.fuse_projections()
@@ -94,9 +109,27 @@ class Engine:
 
     def check(self, prompt: PreparedPrompt, params: SamplingParams) -> None:
         """Validate a request against this engine; RequestError with a one-line reason."""
-        params.check(self.max_seq_len - prompt.input_ids.numel())
+        length = prompt.input_ids.numel()
+        if length >= self.max_seq_len:
+            raise RequestError(f"the prompt is {length} tokens, the engine's max length is {self.max_seq_len}")
+        params.check(self.max_seq_len - length)
+        vocab = self.target.text_config.vocab_size
+        if any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise RequestError(f"end_id / stop token ids {list(params.stop_token_ids)} are outside the vocabulary "
+                               f"[0, {vocab})")
         if params.mode == "spec" and self.drafter is None:
             raise RequestError("mode 'spec' needs a drafter, and this engine has none")
+
+    def on_device(self, prompt: PreparedPrompt) -> PreparedPrompt:
+        """The prompt's pixels as float values on this engine's device; uint8 patch bytes
+        (``Processor.prepare(as_bytes=True)``, a quarter of the bytes to move) are turned into exactly the values
+        of ``as_bytes=False`` by the image processor's per-channel table, on the device."""
+        pixels = prompt.pixel_values
+        if pixels.dtype == torch.uint8:
+            if self._byte_table is None:
+                self._byte_table = self.processor.byte_table.to(self.device)
+            pixels = pixels_from_bytes(pixels.to(self.device, non_blocking=True), self._byte_table)
+        return PreparedPrompt(prompt.input_ids, pixels, prompt.image_grid_thw)
 
     def scheduler(self, max_batch_size: int | None = None) -> Scheduler:
         return Scheduler(self, max_batch_size)

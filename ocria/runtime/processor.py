@@ -41,6 +41,8 @@ class Processor:
         self.vision_end_id = vocab["<|vision_end|>"]
         self.eos_token_id = self.tokenizer.eos_token_id
         self.merge = self.image_processor.merge_size
+        ip = self.image_processor
+        self.patch_dim = 3 * ip.temporal_patch_size * ip.patch_size**2  # one RGB patch's values, flattened
 
     @classmethod
     def from_engine_dir(cls, engine_dir: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> "Processor":
@@ -49,12 +51,16 @@ class Processor:
     def load_image(self, image: bytes | str | Path | Image.Image) -> Image.Image:
         """Decode an image from bytes or a path, or take a decoded one (training's rendered pages skip a
         PNG round trip); one-line RequestError on anything unusable."""
-        img, name = (image, "image") if isinstance(image, Image.Image) else _decode(image)
+        img, name = (image, "image") if isinstance(image, Image.Image) else _open(image)
         w, h = img.size
         if w * h == 0:
             raise RequestError(f"{name}: image has no pixels ({w}x{h})")
-        if w * h > self.max_pixels:
+        if w * h > self.max_pixels:  # refused from the header, before a byte of it is decoded
             raise RequestError(f"{name}: image is {w}x{h} = {w * h} pixels, over the limit of {self.max_pixels}")
+        try:
+            img.load()
+        except (OSError, ValueError, Image.DecompressionBombError) as e:
+            raise RequestError(f"{name}: not a readable image ({type(e).__name__})") from None
         return img.convert("RGB")
 
     def prepare(self, image: bytes | str | Path | Image.Image, prompt: str | None = None,
@@ -63,12 +69,15 @@ class Processor:
         values, a quarter of the bytes to move (training batches); ``pixels_from_bytes`` with
         ``byte_table`` turns them into exactly the pixel values of ``as_bytes=False``."""
         img = self.load_image(image)
-        if as_bytes:
-            out = self.image_processor(images=[img], do_rescale=False, do_normalize=False, return_tensors="pt")
-            pixel_values = out["pixel_values"].to(torch.uint8)  # resized 8-bit channels: whole numbers 0..255
-        else:
-            out = self.image_processor(images=[img], return_tensors="pt")
-            pixel_values = out["pixel_values"].float()
+        try:
+            if as_bytes:
+                out = self.image_processor(images=[img], do_rescale=False, do_normalize=False, return_tensors="pt")
+                pixel_values = out["pixel_values"].to(torch.uint8)  # resized 8-bit channels: whole numbers 0..255
+            else:
+                out = self.image_processor(images=[img], return_tensors="pt")
+                pixel_values = out["pixel_values"].float()
+        except ValueError as e:  # the processor's own refusals, e.g. an aspect ratio over 200
+            raise RequestError(f"image: a {img.width}x{img.height} image cannot be read as a page ({e})") from None
         grid = out["image_grid_thw"].long()
         n_image_tokens = int(grid.prod()) // self.merge**2
         text = DEFAULT_PROMPT if prompt is None else prompt
@@ -104,8 +113,8 @@ def pixels_from_bytes(patch_bytes: torch.Tensor, table: torch.Tensor) -> torch.T
     return torch.cat([t[b.int()] for t, b in zip(table, patch_bytes.chunk(table.shape[0], 1))], 1)
 
 
-def _decode(image: bytes | str | Path) -> tuple[Image.Image, str]:
-    """(decoded image, name for errors) from encoded bytes or a file path."""
+def _open(image: bytes | str | Path) -> tuple[Image.Image, str]:
+    """(opened image, name for errors) from encoded bytes or a file path; only the header is read here."""
     if isinstance(image, (str, Path)):
         path = Path(image)
         if not path.is_file():
@@ -117,7 +126,8 @@ def _decode(image: bytes | str | Path) -> tuple[Image.Image, str]:
         raise RequestError(f"{name}: image is empty (0 bytes)")
     try:
         img = Image.open(io.BytesIO(data))
-        img.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError:
+        raise RequestError(f"{name}: the image declares more pixels than any page has (a decompression bomb)") from None
+    except (UnidentifiedImageError, OSError, ValueError) as e:
         raise RequestError(f"{name}: not a readable image ({type(e).__name__})") from None
     return img, name

@@ -22,6 +22,9 @@ def _i64(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
+SEED_RANGE = (-(1 << 63), 1 << 64)  # any signed or unsigned 64-bit seed
+
+
 @dataclass
 class SamplingParams:
     max_tokens: int = 256
@@ -37,13 +40,15 @@ class SamplingParams:
 
     def check(self, max_new_tokens: int) -> None:
         """One-line RequestError for any out-of-range field."""
+        if not isinstance(self.seed, int) or not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]:
+            raise RequestError(f"seed must be a 64-bit integer (signed or unsigned), got {self.seed!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
         if self.max_tokens > max_new_tokens:
             raise RequestError(f"max_tokens={self.max_tokens} is beyond what fits in the engine's max length "
                                f"after this prompt ({max_new_tokens})")
-        if not self.temperature >= 0:
-            raise RequestError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise RequestError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -52,6 +57,12 @@ class SamplingParams:
             raise RequestError(f"mode must be one of {MODES}, got {self.mode!r}")
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty")
+
+    @property
+    def seed64(self) -> int:
+        """The seed as the int64 the sampler hashes: an unsigned seed of 2^63 or more by two's complement, so
+        every 64-bit pattern is one seed whichever way a client writes it (-1 and 2^64 - 1 draw alike)."""
+        return _i64(self.seed % (1 << 64))
 
 
 def _mix(x: Tensor) -> Tensor:

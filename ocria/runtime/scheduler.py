@@ -14,9 +14,9 @@ import torch
 
 from ocria.models import DrafterCache, TargetCache
 from ocria.plugins.switch import invariance_enabled
-from ocria.runtime.decode import SamplingTensors, decode_step, prefill
+from ocria.runtime.decode import SamplingTensors, decode_step, prefill_forward, prefill_inputs
 from ocria.runtime.detok import IncrementalDetokenizer
-from ocria.runtime.graphs import GraphDecoder
+from ocria.runtime.graphs import GraphDecoder, PrefillGraphs
 from ocria.runtime.processor import PreparedPrompt
 from ocria.runtime.sampling import SamplingParams, sample
 
@@ -80,6 +80,8 @@ class Scheduler:
             dtype, device)
         self.graph = (GraphDecoder(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
                                    self.max_batch_size) if use_graphs else None)
+        self.prefill_graphs = (PrefillGraphs(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
+                                             engine.prefill_chunk) if use_graphs else None)
         self.free = list(range(self.max_batch_size))
         self.waiting: deque[_Request] = deque()
         self.running: dict[int, _Request] = {}
@@ -144,16 +146,21 @@ class Scheduler:
             temperature=torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
             top_p=torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
             top_k=torch.tensor([r.params.top_k for r in rows], dtype=torch.long, device=dev),
-            seed=torch.tensor([r.params.seed for r in rows], dtype=torch.long, device=dev),
+            seed=torch.tensor([r.params.seed64 for r in rows], dtype=torch.long, device=dev),
         )
 
     def _admit(self, req: _Request) -> list[Event]:
         engine = self.engine
         req.slot = self.free.pop()
         self.running[req.rid] = req
-        drafter = engine.drafter if req.params.mode == "spec" else None
-        logits = prefill(engine.target, drafter, self.tcache, self.dcache if drafter else None, req.slot,
-                         req.prompt, engine.prefill_chunk)
+        spec = req.params.mode == "spec" and engine.drafter is not None
+        inputs = prefill_inputs(engine.target, engine.on_device(req.prompt), engine.device)
+        if self.prefill_graphs is not None:
+            logits = self.prefill_graphs(req.slot, inputs, spec)
+        else:
+            slots = torch.tensor([req.slot], device=engine.device)
+            logits = prefill_forward(engine.target, engine.drafter if spec else None, self.tcache,
+                                     self.dcache if spec else None, slots, inputs, engine.prefill_chunk)
         req.length = req.prompt.input_ids.numel()
         p = self._sampling([req])
         pos = torch.tensor([req.length], device=engine.device)
@@ -201,14 +208,17 @@ class Scheduler:
                 reason = "stop"
                 break
             taken.append(tok)
-            req.generated.append(tok)
-            req.detok.push([tok])
-            if params.stop and any(s in req.detok.text for s in params.stop):
-                reason = "stop"
-                break
-            if len(req.generated) >= params.max_tokens:
+            if params.stop:  # a stop string ends the output at the token that completes it
+                req.detok.push([tok])
+                if any(s in req.detok.text for s in params.stop):
+                    reason = "stop"
+                    break
+            if len(req.generated) + len(taken) >= params.max_tokens:
                 reason = "length"
                 break
+        req.generated += taken
+        if not params.stop:
+            req.detok.push(taken)
         if decode:
             req.decode_tokens += len(taken)
         if reason is None:
