@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ocria.builder.engine import build_engine
 from ocria.cli import build_main
@@ -73,9 +74,9 @@ def test_leftover_placeholder_and_bad_wiring_are_refused(tmp_path, engine_dir):
         parse_config(cfg)
     cfg.write_text(good)
     ens = out / "ocria" / "config.pbtxt"
-    ens.write_text(ens.read_text().replace('value: "_pixel_values" }\n      input_map', 'value: "_nowhere" }\n'
+    ens.write_text(ens.read_text().replace('value: "_pixel_bytes" }\n      input_map', 'value: "_nowhere" }\n'
                                                                                      '      input_map', 1))
-    with pytest.raises(ConfigError, match="'_nowhere' feeds ocria_engine.pixel_values before it exists"):
+    with pytest.raises(ConfigError, match="'_nowhere' feeds ocria_engine.pixel_bytes before it exists"):
         validate_repo(out)
 
 
@@ -99,22 +100,89 @@ def test_request_parsing():
     def getter(**arrays):
         return lambda name: arrays.get(name)
 
+    def t(values, dtype):  # numeric inputs arrive as torch tensors (DLPack), STRING ones as NumPy object arrays
+        return torch.tensor(values, dtype=dtype)
+
     params, given = protocol.sampling_params(getter(
-        max_tokens=np.array([[7]], np.int32), temperature=np.array([[0.5]], np.float32),
-        seed=np.array([[9]], np.uint64), end_id=np.array([[2]], np.int32),
+        max_tokens=t([[7]], torch.int32), temperature=t([[0.5]], torch.float32),
+        seed=t([[9]], torch.uint64), end_id=t([[2]], torch.int32),
         stop_words=np.array([[b"##", b"END"]], np.object_)))
     assert given and (params.max_tokens, params.temperature, params.seed) == (7, 0.5, 9)
     assert params.stop == ("##", "END") and params.stop_token_ids == (2,)
     assert protocol.sampling_params(getter())[1] is False
-    assert protocol.image_bytes(getter(image_bytes_input=np.frombuffer(b"\x89PNG", np.uint8)[None])) == b"\x89PNG"
+    image = torch.frombuffer(bytearray(b"\x89PNG"), dtype=torch.uint8)[None]
+    assert protocol.image_bytes(getter(image_bytes_input=image)) == b"\x89PNG"
     with pytest.raises(RequestError, match="image_bytes_input is missing"):
         protocol.image_bytes(getter())
     with pytest.raises(RequestError, match="batch size 2"):
-        protocol.image_bytes(getter(image_bytes_input=np.zeros((2, 4), np.uint8)))
+        protocol.image_bytes(getter(image_bytes_input=torch.zeros(2, 4, dtype=torch.uint8)))
     with pytest.raises(RequestError, match="max_tokens: wrong dtype float32"):
-        protocol.sampling_params(getter(max_tokens=np.array([[1.0]], np.float32)))
+        protocol.sampling_params(getter(max_tokens=t([[1.0]], torch.float32)))
     with pytest.raises(RequestError, match="text_input: not valid UTF-8"):
         protocol.prompt_text(getter(text_input=np.array([[b"\xff"]], np.object_)))
+
+
+# Every input of the ocria ensemble at its extremes, as the engine model's parsing sees them: each value is
+# accepted (with the value the engine uses) or refused with a one-line RequestError naming the input.
+U64 = torch.uint64
+EXTREMES = [
+    ("seed", torch.tensor([[2**64 - 1]], dtype=U64), "ok"),
+    ("seed", torch.tensor([[2**63]], dtype=U64), "ok"),
+    ("seed", torch.tensor([[0]], dtype=U64), "ok"),
+    ("seed", torch.tensor([[-1]], dtype=torch.int64), "ok"),
+    ("seed", torch.tensor([[1.5]], dtype=torch.float32), "seed: wrong dtype float32"),
+    ("max_tokens", torch.tensor([[-(2**31)]], dtype=torch.int32), "max_tokens must be a positive integer"),
+    ("max_tokens", torch.tensor([[0]], dtype=torch.int32), "max_tokens must be a positive integer"),
+    ("max_tokens", torch.tensor([[2**31 - 1]], dtype=torch.int32), "ok"),  # the engine checks it against its length
+    ("max_tokens", torch.tensor([[4, 4]], dtype=torch.int32), "max_tokens: expected one value"),
+    ("max_tokens", torch.zeros(1, 0, dtype=torch.int32), "max_tokens: expected one value"),
+    ("max_tokens", torch.tensor([[True]]), "max_tokens: wrong dtype bool"),
+    ("temperature", torch.tensor([[float("nan")]]), "temperature must be a finite number"),
+    ("temperature", torch.tensor([[float("inf")]]), "temperature must be a finite number"),
+    ("temperature", torch.tensor([[-1e-30]]), "temperature must be a finite number >= 0"),
+    ("temperature", torch.tensor([[3e38]]), "ok"),
+    ("top_p", torch.tensor([[float("nan")]]), "top_p must be a finite number"),
+    ("top_p", torch.tensor([[0.0]]), "top_p must be in (0, 1]"),
+    ("top_p", torch.tensor([[1.0000001]]), "top_p must be in (0, 1]"),
+    ("top_k", torch.tensor([[-1]], dtype=torch.int32), "top_k must be >= 0"),
+    ("top_k", torch.tensor([[2**31 - 1]], dtype=torch.int32), "ok"),
+    ("end_id", torch.tensor([[-5]], dtype=torch.int32), "ok"),  # negative: no end id
+    ("stop_words", np.array([[b""]], np.object_), "stop strings must not be empty"),
+    ("stop_words", np.array([[b"x"] * 33], np.object_), "stop_words: 33 strings, at most 32"),
+    ("stop_words", np.array([[b"x" * 257]], np.object_), "stop_words: a string of 257 bytes"),
+    ("stop_words", np.array([[b"\xc3"]], np.object_), "stop_words: not valid UTF-8"),
+    ("stop_words", np.zeros((1, 0), np.object_), "ok"),
+    ("stream", torch.tensor([[1]], dtype=torch.int32), "stream: wrong dtype int32"),
+    ("return_perf_metrics", torch.tensor([[True, False]]), "return_perf_metrics: expected one value"),
+]
+
+
+@pytest.mark.parametrize("name,value,want", EXTREMES, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(EXTREMES)])
+def test_every_input_extreme_is_accepted_or_refused_in_one_line(name, value, want):
+    get = {name: value}.get
+    if want == "ok":
+        params, _ = protocol.sampling_params(get)
+        protocol.flag(get, "stream")
+        protocol.flag(get, "return_perf_metrics")
+        if name == "seed":  # any 64-bit pattern is one seed, whichever way it is written
+            assert -(2**63) <= params.seed64 < 2**63
+        return
+    with pytest.raises(RequestError) as err:
+        protocol.sampling_params(get)
+        protocol.flag(get, "stream")
+        protocol.flag(get, "return_perf_metrics")
+    assert want in str(err.value) and "\n" not in str(err.value)
+
+
+def test_text_input_extremes():
+    get = {"text_input": np.array([[b"x" * (64 * 1024 + 1)]], np.object_)}.get
+    with pytest.raises(RequestError, match="text_input: a string of 65537 bytes"):
+        protocol.prompt_text(get)
+    assert protocol.prompt_text({"text_input": np.array([[b""]], np.object_)}.get) is None
+    with pytest.raises(RequestError, match="text_input: 2 strings, at most 1"):
+        protocol.prompt_text({"text_input": np.array([[b"a", b"b"]], np.object_)}.get)
+    with pytest.raises(RequestError, match="text_input: wrong dtype uint8, expected STRING"):
+        protocol.prompt_text({"text_input": torch.zeros(1, 3, dtype=torch.uint8)}.get)
 
 
 def _collect(loop, engine, seeds, max_tokens=10, cancel_after=None):
@@ -218,8 +286,9 @@ def test_bundled_server_environment(tmp_path):
     assert {"libtriton_python.so", "triton_python_backend_stub"} <= {p.name for p in python.iterdir()}
     ports = Ports.free()
     assert len({ports.grpc, ports.http, ports.metrics}) == 3
-    # The models run with this interpreter's packages: numpy 2 corrupts UINT8 inputs in this server.
-    assert int(np.__version__.split(".")[0]) < 2
+    assert install.needs_numpy1  # tritonserver 2.51's stub: ocria serve gives it NumPy < 2 (stub_env)
+    stub_python = Path(sys.executable).parent
+    assert server_env(install, {"PATH": "/usr/bin"}, stub_python)["PATH"].split(":")[0] == str(stub_python)
 
 
 def test_explicit_server_binary_needs_a_python_backend(tmp_path):
@@ -236,3 +305,20 @@ def test_explicit_server_binary_needs_a_python_backend(tmp_path):
     (tmp_path / "backends" / "python" / "triton_python_backend_stub").write_text("")
     install = find_server(tmp_path / "bin" / "tritonserver")
     assert install.stub is None and install.python_backend == tmp_path / "backends" / "python"
+
+
+def test_serving_commands_are_listed_and_name_a_missing_dependency(tmp_path):
+    """serve/client/bench are always commands; without the serve extra they say what to install (one line)."""
+    import subprocess
+    import sys
+
+    listed = subprocess.run([sys.executable, "-m", "ocria.cli", "--help"], capture_output=True, text=True)
+    assert all(name in listed.stdout for name in ("run", "serve", "client", "bench"))
+    hide = "import sys; sys.modules['tritonclient'] = None; sys.modules['pytriton'] = None; from ocria.cli import main"
+    for command in (["serve", "--engine", str(tmp_path)], ["client", "--image", str(EXAMPLE)]):
+        out = subprocess.run([sys.executable, "-c", f"{hide}; sys.exit(main({command!r}))"], capture_output=True,
+                             text=True)
+        assert out.returncode == 2 and out.stdout == "", out.stderr
+        err = out.stderr.strip()
+        assert "\n" not in err and "needs the Python package 'tritonclient'" in err
+        assert "pip install 'ocria[serve]'" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -11,14 +12,31 @@ import threading
 import urllib.request
 from pathlib import Path
 
+from ocria.deps import require
 from ocria.errors import OcriaError
-from ocria.serving.protocol import ENSEMBLE
+
+ENSEMBLE = "ocria"  # ocria.serving.protocol.ENSEMBLE, without importing torch to build the parser
+
+
+def _instances(value: str) -> int:
+    """``--instances``: a positive count, or ``auto`` = a quarter of the CPU cores (1 to 8)."""
+    if value == "auto":
+        return max(1, min(8, (os.cpu_count() or 1) // 4))
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or 'auto', got {value!r}")
+    return n
 
 
 def add_triton_repo_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", required=True, help="engine directory (from ocria-build engine)")
     p.add_argument("--out", required=True, help="model repository directory to write")
-    p.add_argument("--instances", type=int, default=1, help="preprocessing instances (the engine is one loop)")
+    p.add_argument("--instances", type=_instances, default="auto",
+                   help="preprocessing instances, each a process decoding images (default auto: a quarter of the "
+                        "CPU cores, 1 to 8; the engine is one loop)")
     p.add_argument("--max-batch", type=int, help="max batch size (default: the engine profile's)")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where the engine model runs")
     p.add_argument("--backend", choices=("ocria", "tensorrt-llm"), default="ocria",
@@ -27,6 +45,7 @@ def add_triton_repo_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_triton_repo(args: argparse.Namespace) -> int:
+    require("tritonclient.grpc", "serve", "ocria-build triton-repo (it checks configs with Triton's own parser)")
     from ocria.serving.repo import RepoOptions, validate_repo, write_repo
 
     opts = RepoOptions(Path(args.engine), args.instances, args.max_batch, args.device, args.backend)
@@ -47,15 +66,23 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu", help="where the engine model runs")
-    p.add_argument("--instances", type=int, default=1, help="preprocessing instances")
+    p.add_argument("--instances", type=_instances, default="auto",
+                   help="preprocessing instances (default auto: a quarter of the CPU cores, 1 to 8)")
     p.add_argument("--max-batch", type=int, help="max batch size (default: the engine profile's)")
     p.add_argument("--log-file", help="tritonserver log (default: a temporary file, tail shown on failure)")
     p.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for the models to load")
     p.add_argument("--tritonserver", help="tritonserver binary to run (default: the one bundled in nvidia-pytriton, "
                    "else PATH's or /opt/tritonserver's)")
+    p.add_argument("--stub-numpy", type=Path,
+                   help="directory holding NumPy < 2 for the server's Python stub (tritonserver 2.51, the one in "
+                        "nvidia-pytriton, corrupts tensors under NumPy 2; default: installed once into "
+                        "~/.cache/ocria when this environment has NumPy 2)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    require("tritonclient.grpc", "serve", "ocria serve")
+    if args.tritonserver is None:
+        require("pytriton", "serve", "ocria serve (without --tritonserver, it runs the server of nvidia-pytriton)")
     from ocria.serving.repo import RepoOptions, validate_repo, write_repo
     from ocria.serving.tritonserver import Ports, TritonServer
 
@@ -68,7 +95,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"model repository written to {repo}", flush=True)
         server = TritonServer(repo, Ports(args.grpc_port, args.http_port, args.metrics_port), args.host,
                               Path(args.log_file) if args.log_file else None,
-                              binary=Path(args.tritonserver) if args.tritonserver else None)
+                              binary=Path(args.tritonserver) if args.tritonserver else None,
+                              stub_numpy=args.stub_numpy)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -123,6 +151,7 @@ def add_client_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_client(args: argparse.Namespace) -> int:
+    require("tritonclient.grpc", "serve", "ocria client")
     from ocria.serving.client import Client
 
     image = Path(args.image)
@@ -132,10 +161,11 @@ def cmd_client(args: argparse.Namespace) -> int:
                   temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                   stop_words=tuple(args.stop), return_perf_metrics=args.json)
     client = Client(args.url, args.timeout)
-    parts, last = [], None
+    parts, ids, last = [], [], None
     try:
         for chunk in client.generate(image.read_bytes(), **kwargs):
             parts.append(chunk.text)
+            ids += chunk.token_ids
             last = chunk
             if not args.json:
                 print(chunk.text, end="", flush=True)
@@ -144,7 +174,7 @@ def cmd_client(args: argparse.Namespace) -> int:
             print(flush=True)  # end the partial text's line before the error message
         raise
     if args.json:
-        print(json.dumps({"text": "".join(parts), "finish_reason": last.finish_reason, **last.perf}))
+        print(json.dumps({"text": "".join(parts), "token_ids": ids, "finish_reason": last.finish_reason, **last.perf}))
     else:
         print()
     return 0

@@ -5,14 +5,21 @@ The bundled server needs three things its wheel does not set up by itself:
   temporary directory instead of writing into site-packages);
 - `LD_LIBRARY_PATH` with this interpreter's libpython first (else the system's libpython may load and
   extension modules fail with undefined symbols), then the wheel's bundled libraries;
-- this environment's `bin` first on `PATH`, since the stub's interpreter finds its packages through the
-  `python3` it sees there (numpy < 2 must hold there: numpy 2 silently corrupted UINT8 inputs).
+- a `bin` first on `PATH` whose `python3` holds the models' packages, since the stub's interpreter finds them
+  through it: this environment's own, or a NumPy < 2 overlay of it where the stub needs one (``stub_env``).
+
+The model-repository API (load, unload, index) is restricted to a key only this process holds, on HTTP and gRPC:
+no client can unload the engine. Ports are checked before the server starts, and a failed start is reported as
+the one line of its log that says why.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -22,6 +29,7 @@ import sysconfig
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +37,7 @@ import ocria
 from ocria.errors import OcriaError
 
 PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
+ADMIN_HEADER = "ocria-admin-key"  # the header a model-repository call must carry, with the server's key
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class ServerInstall:
     python_backend: Path  # directory holding libtriton_python.so
     stub: Path | None  # stub for this interpreter to copy next to the backend; None: already in place
     libs: tuple[Path, ...] = ()  # extra shared-library directories (the wheel's bundled libs)
+    needs_numpy1: bool = False  # a stub known to predate NumPy 2 (tritonserver 2.51 of nvidia-pytriton)
 
 
 def find_server(binary: str | Path | None = None) -> ServerInstall:
@@ -55,7 +65,7 @@ def find_server(binary: str | Path | None = None) -> ServerInstall:
             if not stub.is_file():
                 raise OcriaError(f"nvidia-pytriton has no Python backend stub for Python {PYTHON_TAG} ({stub})")
             libs = Path(pytriton.__file__).parent.parent / "nvidia_pytriton.libs"
-            return ServerInstall(root / "bin" / "tritonserver", root / "backends" / "python", stub, (libs,))
+            return ServerInstall(root / "bin" / "tritonserver", root / "backends" / "python", stub, (libs,), True)
         binary = shutil.which("tritonserver")
         if binary is None and Path("/opt/tritonserver/bin/tritonserver").is_file():
             binary = "/opt/tritonserver/bin/tritonserver"
@@ -85,15 +95,17 @@ def check_libpython() -> None:
                          ) from None
 
 
-def server_env(install: ServerInstall, base: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for the server and its Python-model stubs (see the module docstring for why)."""
+def server_env(install: ServerInstall, base: dict[str, str] | None = None,
+               python_bin: Path | None = None) -> dict[str, str]:
+    """Environment for the server and its Python-model stubs (see the module docstring for why); ``python_bin``:
+    the ``bin`` whose ``python3`` the stubs use (default: this interpreter's)."""
     env = dict(os.environ if base is None else base)
     libdir = sysconfig.get_config_var("LIBDIR")
     ld = [p for p in [libdir, *map(str, install.libs)] if p]
     if env.get("LD_LIBRARY_PATH"):
         ld.append(env["LD_LIBRARY_PATH"])
     env["LD_LIBRARY_PATH"] = ":".join(ld)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["PATH"] = os.pathsep.join([str(python_bin or Path(sys.executable).parent), env.get("PATH", "")])
     # The models import ocria: make this checkout importable even when ocria is not pip-installed.
     src = str(Path(ocria.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join([src, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else src
@@ -133,6 +145,42 @@ class Ports:
             ports.add(free_port(host))
         return cls(*sorted(ports))
 
+    def check(self, host: str) -> None:
+        """One-line OcriaError naming the first port that is taken, the same, or unbindable on ``host``."""
+        named = (("gRPC", "--grpc-port", self.grpc), ("HTTP", "--http-port", self.http),
+                 ("metrics", "--metrics-port", self.metrics))
+        if len({self.grpc, self.http, self.metrics}) < 3:
+            raise OcriaError(f"the gRPC, HTTP and metrics ports must differ (got {self.grpc}, {self.http}, "
+                             f"{self.metrics})")
+        for what, flag, port in named:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError as e:
+                    why = "is already in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
+                    raise OcriaError(f"{what} port {port} on {host} {why}: choose another with {flag}") from None
+
+
+# Lines of a tritonserver log that say why it did not start, most specific first.
+_FAILURE_PATTERNS = (
+    re.compile(r"failed to load '([^']+)' version \d+: \w+: (?:\w+: )?(.*)"),
+    re.compile(r"\] \"?(failed to start [^\n]*?)\"?$"),
+    re.compile(r"^error: (.*)"),
+    re.compile(r"^E\d{4} [\d:.]+ \d+ [\w.]+:\d+\] \"?(.*?)\"?$"),
+)
+
+
+def failure_reason(log: str) -> str | None:
+    """The one line of a tritonserver log that says why it stopped (a model's load error first), or None."""
+    lines = log.splitlines()
+    for pattern in _FAILURE_PATTERNS:
+        for line in lines:
+            m = pattern.search(line.strip())
+            if m:
+                text = " ".join(m.groups()[-1].split("\\n")[0].split())  # the log escapes a traceback's newlines
+                return f"model '{m.group(1)}' did not load: {text}" if m.re is _FAILURE_PATTERNS[0] else text
+    return None
+
 
 @dataclass
 class TritonServer:
@@ -144,7 +192,11 @@ class TritonServer:
     log_path: Path | None = None
     exit_timeout_s: int = 10
     binary: Path | None = None  # a specific tritonserver (default: see find_server)
+    install: ServerInstall | None = None  # what to run, as find_server describes it (default: find_server(binary))
+    stub_numpy: Path | None = None  # a NumPy < 2 directory for the stubs (default: see stub_env.stub_bin)
+    log: Callable[..., None] = print  # where start-up notes go
     proc: subprocess.Popen | None = field(default=None, init=False)
+    _admin_key: str = field(default="", init=False, repr=False)
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, init=False)
     _log = None
 
@@ -162,24 +214,32 @@ class TritonServer:
 
     def command(self, backends: Path, install: ServerInstall) -> list[str]:
         h, p = self.host, self.ports
+        admin = f"model-repository:{ADMIN_HEADER}={self._admin_key}"
         return [
             str(install.binary), f"--model-repository={self.repo}", f"--backend-directory={backends}",
             f"--grpc-address={h}", f"--grpc-port={p.grpc}", f"--http-address={h}", f"--http-port={p.http}",
             f"--metrics-address={h}", f"--metrics-port={p.metrics}", "--allow-metrics=true",
             "--allow-gpu-metrics=false", f"--exit-timeout-secs={self.exit_timeout_s}",
-            # explicit mode lets the engine model unload itself when its loop dies (readiness goes false)
+            # explicit mode lets the engine model unload itself when its loop dies (readiness goes false);
+            # clients cannot: the repository API needs a key only this process knows
             "--model-control-mode=explicit", "--load-model=*", "--strict-readiness=true",
+            f"--http-restricted-api={admin}", f"--grpc-restricted-protocol={admin}",
         ]
 
     def start(self) -> TritonServer:
-        install = find_server(self.binary)
+        from ocria.serving.stub_env import stub_bin
+
+        install = self.install or find_server(self.binary)
         check_libpython()
+        self.ports.check(self.host)
+        python_bin = stub_bin(install.needs_numpy1, self.stub_numpy, self.log)
+        self._admin_key = secrets.token_hex(16)
         self._tmp = tempfile.TemporaryDirectory(prefix="ocria-triton-")
         backends = backend_directory(install, Path(self._tmp.name) / "backends")
         log_path = self.log_path or Path(self._tmp.name) / "server.log"
         self.log_path = log_path
         self._log = open(log_path, "ab")
-        self.proc = subprocess.Popen(self.command(backends, install), env=server_env(install),
+        self.proc = subprocess.Popen(self.command(backends, install), env=server_env(install, python_bin=python_bin),
                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
@@ -191,15 +251,26 @@ class TritonServer:
             return False
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
-        """Block until the server answers ready; raise with the log tail if it exits or times out."""
+        """Block until the server answers ready; raise with the one log line that says why if it exits or
+        times out (and where the whole log is)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc is None or self.proc.poll() is not None:
-                raise OcriaError(f"tritonserver exited before it was ready:\n{self.log_tail()}")
+                raise OcriaError(self._failure("tritonserver exited before it was ready"))
             if self.is_ready():
                 return
             time.sleep(0.25)
-        raise OcriaError(f"tritonserver not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+        raise OcriaError(self._failure(f"tritonserver not ready after {timeout_s:.0f}s"))
+
+    def _failure(self, what: str) -> str:
+        """``what: reason (full log: PATH)``; a log in the temporary directory is kept beside it first."""
+        text = self.log_path.read_text(errors="replace") if self.log_path and self.log_path.exists() else ""
+        reason = failure_reason(text)
+        kept = self.log_path
+        if kept is not None and self._tmp is not None and kept.is_relative_to(self._tmp.name):
+            kept = Path(tempfile.gettempdir()) / f"ocria-tritonserver-{os.getpid()}.log"
+            kept.write_text(text)
+        return f"{what}: {reason or 'see the log'} (full log: {kept})"
 
     def log_tail(self, n: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():

@@ -5,21 +5,22 @@ streams each request's events through its response sender. Every request ends wi
 TRITONSERVER_RESPONSE_COMPLETE_FINAL flag - finished, failed, or cancelled (by the client directly, or
 by postprocessing via a {cancel_key} control request for ensemble requests). If the loop dies, open
 requests get an error and the model unloads itself, so readiness turns false instead of clients hanging.
+Tensors come in and go out through DLPack (``ocria.serving.tensors``): right under any NumPy.
 """
 
 import json
 import threading
 import time
 
-import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from ocria.errors import OcriaError
 from ocria.runtime import PreparedPrompt, load_engine
-from ocria.serving import protocol
+from ocria.serving import protocol, tensors
 from ocria.serving.engine_loop import EngineLoop, EngineUnavailable
 from ocria.serving.metrics import ServingMetrics
+from ocria.serving.protocol import FINISH_REASONS, Meta
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -29,14 +30,19 @@ def _error(message: str, code=None):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
+def _utf8(text: str) -> torch.Tensor:
+    data = text.encode("utf-8")
+    return (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8))[None]
+
+
 class _Stream:
     """One request's response side: streams deltas or collects them for a single final response."""
 
     def __init__(self, request, key: int, stream: bool, perf: bool, keepalive_s: float):
         self.sender = request.get_response_sender()
-        self.key = np.array([[key]], np.uint64)
+        self.key = key
         self.stream = stream
-        self.perf = np.array([[perf]], bool)
+        self.perf = perf
         self.keepalive_s = keepalive_s
         self.last_sent = time.perf_counter()
         self.parts: list[str] = []
@@ -56,25 +62,21 @@ class _Stream:
         else:
             self.parts.append(event.text)
             self.ids += event.token_ids
-            # keep-alive (empty text) so that postprocessing gets to see a cancelled ensemble request
+            # keep-alive (nothing new) so that postprocessing gets to see a cancelled ensemble request
             if time.perf_counter() - self.last_sent >= self.keepalive_s:
                 self._send("", [], event)
 
     def _send(self, text: str, ids: list[int], event) -> None:
         s = event.stats
-        outputs = [
-            pb_utils.Tensor("text", np.array([[text.encode("utf-8")]], np.object_)),
-            pb_utils.Tensor("output_ids", np.array([ids], np.int32)),
-            pb_utils.Tensor("final", np.array([[event.finished]], bool)),
-            pb_utils.Tensor("request_key", self.key),
-            pb_utils.Tensor("finish_reason", np.array([[(event.finish_reason or "").encode()]], np.object_)),
-            pb_utils.Tensor("return_perf_metrics", self.perf),
-            pb_utils.Tensor("num_draft_tokens", np.array([[s.num_draft_tokens if s else 0]], np.int32)),
-            pb_utils.Tensor("num_accepted_draft_tokens",
-                            np.array([[s.num_accepted_draft_tokens if s else 0]], np.int32)),
-            pb_utils.Tensor("first_token_time_ns", np.array([[s.first_token_time_ns if s else 0]], np.int64)),
-            pb_utils.Tensor("last_token_time_ns", np.array([[s.last_token_time_ns if s else 0]], np.int64)),
-        ]
+        meta = [0] * len(Meta)
+        meta[Meta.KEY], meta[Meta.FINAL], meta[Meta.RETURN_PERF] = self.key, int(event.finished), int(self.perf)
+        meta[Meta.FINISH_REASON] = FINISH_REASONS.index(event.finish_reason or "")
+        if s is not None:
+            meta[Meta.DRAFTED], meta[Meta.ACCEPTED] = s.num_draft_tokens, s.num_accepted_draft_tokens
+            meta[Meta.FIRST_TOKEN_NS], meta[Meta.LAST_TOKEN_NS] = s.first_token_time_ns, s.last_token_time_ns
+        outputs = [tensors.output(pb_utils, "text", _utf8(text)),
+                   tensors.output(pb_utils, "output_ids", torch.tensor([ids], dtype=torch.int32)),
+                   tensors.output(pb_utils, "meta", torch.tensor([meta], dtype=torch.int64))]
         self.last_sent = time.perf_counter()
         try:
             self.sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL if event.finished else 0)
@@ -85,7 +87,9 @@ class _Stream:
 
 class TritonPythonModel:
     def initialize(self, args):
+        tensors.check_stub(pb_utils)
         config = json.loads(args["model_config"])
+        self.strings = tensors.string_inputs(config)
         params = {k: v["string_value"] for k, v in config["parameters"].items()}
         self.model_name = args["model_name"]
         device = params["device"]
@@ -116,10 +120,7 @@ class TritonPythonModel:
         return None
 
     def _one(self, request) -> None:
-        def get(name):
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            return None if tensor is None else tensor.as_numpy()
-
+        get = tensors.reader(pb_utils, request, self.strings)
         cancel_key = protocol.scalar(get, "cancel_key", "u")
         if cancel_key is not None:  # control request from postprocessing
             self.loop.cancel(int(cancel_key))
@@ -141,16 +142,16 @@ class TritonPythonModel:
 
     @staticmethod
     def _prompt(get) -> PreparedPrompt:
-        arrays = {n: get(n) for n in ("input_ids", "pixel_values", "image_grid_thw")}
+        """The prompt tensors, copied out of the request's memory (the loop uses them after execute returns)."""
+        arrays = {n: get(n) for n in ("input_ids", "pixel_bytes", "image_grid_thw")}
         missing = [n for n, a in arrays.items() if a is None]
         if missing:
             raise OcriaError(f"missing inputs {missing}: send requests to the '{protocol.ENSEMBLE}' model")
         ids, pixels, grid = (protocol.batch_of_one(a, n) for n, a in arrays.items())
-        if ids.size == 0 or pixels.size == 0 or grid.size != 3:
-            raise OcriaError("empty prompt or image inputs")
-        return PreparedPrompt(input_ids=torch.from_numpy(ids.astype(np.int64)),
-                              pixel_values=torch.from_numpy(pixels.astype(np.float32)),
-                              image_grid_thw=torch.from_numpy(grid.astype(np.int64)).reshape(1, 3))
+        if ids.numel() == 0 or pixels.numel() == 0 or grid.numel() != 3 or pixels.dim() != 2:
+            raise OcriaError("empty or malformed prompt or image inputs")
+        return PreparedPrompt(input_ids=ids.to(torch.int64, copy=True), pixel_values=pixels.clone(),
+                              image_grid_thw=grid.to(torch.int64, copy=True).reshape(1, 3))
 
     def _check_prompt(self, prompt: PreparedPrompt) -> None:
         """Refuse inconsistent prompt tensors here: inside the shared loop they would fail every request."""
@@ -159,9 +160,11 @@ class TritonPythonModel:
         if int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise OcriaError(f"input_ids outside the vocabulary [0, {vocab})")
         proc = self.engine.processor
-        patches = int(grid.prod())
-        if int(grid.min()) <= 0 or patches % proc.merge**2 or prompt.pixel_values.shape[0] != patches:
-            raise OcriaError(f"pixel_values {list(prompt.pixel_values.shape)} do not match image_grid_thw "
+        t, h, w = grid.tolist()[0]
+        patches = t * h * w
+        if min(t, h, w) <= 0 or h % proc.merge or w % proc.merge or prompt.pixel_values.shape != (
+                patches, proc.patch_dim):
+            raise OcriaError(f"pixel_bytes {list(prompt.pixel_values.shape)} do not match image_grid_thw "
                              f"{grid.tolist()[0]}")
         if int((ids == proc.image_token_id).sum()) != patches // proc.merge**2:
             raise OcriaError("the number of image tokens in input_ids does not match image_grid_thw")

@@ -1,28 +1,30 @@
-"""postprocessing: engine responses -> client responses (text_output, finish_reason, perf metrics).
+"""postprocessing: engine responses -> client responses (text_output, output_ids, finish_reason, perf metrics).
 
 Text is detokenized incrementally inside the engine, by the same per-request detokenizer and stop
 handling that ``ocria run`` uses: only that stateful position knows which bytes are still held back
 (an incomplete UTF-8 character, a possible stop string), so streamed pieces concatenate exactly to the
 final text. A stateless model here could not guarantee that. This model shapes the engine's responses
-for clients, drops the ones with nothing new (no text and not final), and - because Triton 2.51 only
-forwards an ensemble's cancellation to the steps scheduled after it - tells the engine to cancel a
-request when it sees that request cancelled.
+for clients, drops the ones with nothing new (no text, no tokens and not final), and - because Triton 2.51
+only forwards an ensemble's cancellation to the steps scheduled after it - tells the engine to cancel a
+request when it sees that request cancelled. Numeric tensors go through DLPack (``ocria.serving.tensors``).
 """
 
-import numpy as np
+import json
+
+import torch
 import triton_python_backend_utils as pb_utils
 
-from ocria.serving import protocol
+from ocria.serving import protocol, tensors
+from ocria.serving.protocol import FINISH_REASONS, Meta
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
-def _value(request, name, default=None):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return default if tensor is None else tensor.as_numpy().reshape(-1)[0]
-
-
 class TritonPythonModel:
+    def initialize(self, args):
+        tensors.check_stub(pb_utils)
+        self.strings = tensors.string_inputs(json.loads(args["model_config"]))
+
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
@@ -34,35 +36,36 @@ class TritonPythonModel:
         return None
 
     def _one(self, request, sender) -> None:
+        get = tensors.reader(pb_utils, request, self.strings)
+        meta = get("meta").reshape(-1).tolist()
         if request.is_cancelled():
-            self._cancel_engine(int(_value(request, "request_key")))
+            self._cancel_engine(meta[Meta.KEY])
             sender.send(flags=FINAL)
             return
-        text = _value(request, "text", b"")
-        final = bool(_value(request, "final", False))
-        if not text and not final:
+        text, ids, final = get("text").reshape(-1), get("output_ids").reshape(1, -1), bool(meta[Meta.FINAL])
+        if not text.numel() and not ids.numel() and not final:
             sender.send(flags=FINAL)  # nothing new for the client: end this step silently
             return
-        outputs = [pb_utils.Tensor("text_output", np.array([[text]], dtype=np.object_))]
+        outputs = [tensors.string_output(pb_utils, "text_output", [text.numpy().tobytes()]),
+                   tensors.output(pb_utils, "output_ids", ids)]
         if final:
-            reason = _value(request, "finish_reason", b"")
-            outputs.append(pb_utils.Tensor("finish_reason", np.array([[reason]], np.object_)))
-        if final and bool(_value(request, "return_perf_metrics", False)):
-            drafted = int(_value(request, "num_draft_tokens"))
-            accepted = int(_value(request, "num_accepted_draft_tokens"))
-            outputs += [
-                pb_utils.Tensor("acceptance_rate", np.array([[accepted / drafted if drafted else 0.0]], np.float32)),
-                pb_utils.Tensor("total_accepted_draft_tokens", np.array([[accepted]], np.int32)),
-                pb_utils.Tensor("total_draft_tokens", np.array([[drafted]], np.int32)),
-            ] + [pb_utils.Tensor(n, np.array([[int(_value(request, n))]], np.int64))
-                 for n in ("first_token_time_ns", "last_token_time_ns")]
+            reason = FINISH_REASONS[meta[Meta.FINISH_REASON]].encode()
+            outputs.append(tensors.string_output(pb_utils, "finish_reason", [reason]))
+        if final and meta[Meta.RETURN_PERF]:
+            drafted, accepted = meta[Meta.DRAFTED], meta[Meta.ACCEPTED]
+            outputs += [tensors.output(pb_utils, name, torch.tensor([[value]], dtype=dtype)) for name, value, dtype in (
+                ("acceptance_rate", accepted / drafted if drafted else 0.0, torch.float32),
+                ("total_accepted_draft_tokens", accepted, torch.int32),
+                ("total_draft_tokens", drafted, torch.int32),
+                ("first_token_time_ns", meta[Meta.FIRST_TOKEN_NS], torch.int64),
+                ("last_token_time_ns", meta[Meta.LAST_TOKEN_NS], torch.int64))]
         sender.send(pb_utils.InferenceResponse(outputs), flags=FINAL)
 
     @staticmethod
     def _cancel_engine(key: int) -> None:
         cancel = pb_utils.InferenceRequest(
             model_name=protocol.ENGINE, requested_output_names=[],
-            inputs=[pb_utils.Tensor("cancel_key", np.array([[key]], np.uint64))])
+            inputs=[tensors.output(pb_utils, "cancel_key", torch.tensor([[key]], dtype=torch.uint64))])
         for response in cancel.exec(decoupled=True):
             if response.has_error():
                 pb_utils.Logger.log_warn(f"cancel of engine request {key}: {response.error().message()}")
