@@ -6,7 +6,7 @@ the drafter's at T=16 (bidirectional block). Every row holds ``context`` keys (n
 bf16 cache. Bytes: K and V of the context, once per KV head. The caches of consecutive calls are
 different slots of one cache (>= 96 MB touched per round, past the 50 MB L2) so the keys come from
 HBM, as they do in a decode step whose weight reads have flushed L2. Timing: a CUDA graph of those
-calls, median over replays / calls (bench/timing.py). Each configuration is checked against the
+calls, median over replays / calls (ocria.bench.timing). Each configuration is checked against the
 PyTorch reference (bf16 tolerance of the tests).
 
     python3 bench/decode_attention.py --out bench/results/decode_attention_h200.json
@@ -22,8 +22,9 @@ import time
 from functools import partial
 
 import torch
-from timing import finish, rel_err, save_json, time_calls
 
+from ocria.bench.results import write_json
+from ocria.bench.timing import finish, rel_err, time_calls
 from ocria.builder.presets import load_preset
 from ocria.plugins.decode_attention.kernel import (
     BN,
@@ -118,7 +119,7 @@ def main() -> None:
                 else:
                     print(f"{shape['name']:14s} {B:3d} {ctx:5d} {r['auto_splits']:4d} checked chunk counts "
                           f"{list(r['max_rel_err'])}: {err:.1e}", flush=True)
-                save_json(result, args.out)
+                write_json(result, args.out)
     finish(result, rows, t0, args.out)
 
 

@@ -6,7 +6,7 @@ Shapes (ocria-1-sim): GDN fused in_proj (qkv + z + b + a), attention fused q(+ga
 attention o_proj, MLP fused gate_up, down_proj, lm_head. Bytes: the bf16 weight plus x and the output.
 The weights of consecutive calls are different copies (>= 256 MB per round, past the 50 MB L2), so they
 come from HBM as in a decode step. Timing: a CUDA graph of those calls, median over replays / calls
-(bench/timing.py); the fraction is of the device copy bandwidth measured in the same run (2 GiB
+(ocria.bench.timing); the fraction is of the device copy bandwidth measured in the same run (2 GiB
 ``copy_``, read + write). Checks, for every configuration: rows bit-identical across M (row m alone,
 in the first 4 rows, in 16 rows) and the error against the fp32 product rounded once (bf16 tolerance; ulp counts
 recorded, cuBLAS's too).
@@ -27,8 +27,9 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from timing import copy_bandwidth, finish, rel_err, save_json, time_calls
 
+from ocria.bench.results import write_json
+from ocria.bench.timing import copy_bandwidth, finish, rel_err, time_calls
 from ocria.builder.presets import load_preset
 from ocria.plugins.decode_gemm import decode_gemm_fp32, decode_gemm_triton, default_config
 
@@ -165,7 +166,7 @@ def main() -> None:
                       f"{m['speedup']:5.2f}  {m['best']}", flush=True)
         else:
             print(f"{r['name']:13s} {r['N']:6d} {r['K']:5d} checks ok={r['ok']}", flush=True)
-        save_json(result, args.out)
+        write_json(result, args.out)
     if timed:  # one configuration per shape, fixed over M
         result["step"] = {}
         for M in map(str, ROWS):

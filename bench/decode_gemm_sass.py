@@ -13,8 +13,8 @@ import argparse
 import re
 
 from ptxas import compile_report, compile_sm90
-from timing import save_json
 
+from ocria.bench.results import write_json
 from ocria.plugins.decode_gemm.kernel import BLOCK_M, _decode_gemm_kernel, default_config, norm_config
 
 TYPES = dict(x_ptr="*bf16", w_ptr="*bf16", b_ptr="*bf16", o_ptr="*bf16", ws_ptr="*fp32", count_ptr="*i32",
@@ -65,7 +65,7 @@ def main() -> None:
     rows = [stats(name, N, K, norm) for name, (N, K) in SHAPES.items() for norm in (False, True)
             if not norm or name in NORMED]
     rows += [stats(name, N, K, False, fp8=True) for name, (N, K) in SHAPES.items()]
-    save_json(compile_report(rows), args.out)
+    write_json(compile_report(rows), args.out)
     print(f"{'shape':14} {'kernel':17} {'config':>24} {'regs':>4} {'spill':>5} | K loop: "
           + " ".join(f"{c:>9}" for c in COUNTED))
     for r in rows:

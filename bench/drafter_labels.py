@@ -3,7 +3,7 @@
 ``ocria.train.distill.greedy_sequences`` labels every answer position with the shipped target's greedy token
 after the fed prefix. Two rules for which positions make training samples:
   prefix  only the exact greedy prefix (fed tokens equal to their labels from the answer's start) and the
-          label after it: the rule before 2026-11-30's sixth session;
+          label after it: the earlier rule;
   local   any position whose fed token before it is the target's own (slot 1 of a block anchored there;
           longer slots need the block's fed tokens to be its own as well): the rule now.
 Each extra pass costs one more target forward per training step. CPU, fp32, the train split's first batch.
@@ -17,8 +17,8 @@ import sys
 import time
 
 import torch
-from timing import save_json
 
+from ocria.bench.results import write_json
 from ocria.builder.presets import load_preset
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.train.data import IGNORE, loader
@@ -64,7 +64,7 @@ def main() -> None:
         rows.append({"iters": iters, "target_forwards": iters + 1, **coverage(seq, labels, answer),
                      "cpu_s": round(time.perf_counter() - t, 2)})
         print(rows[-1])
-    save_json({"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": "cpu",
+    write_json({"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": "cpu",
                "command": " ".join(["python", *sys.argv]), "preset": args.preset, "docs": args.docs,
                "answer_tokens": int(answer.sum()), "rows": rows}, args.out)
 

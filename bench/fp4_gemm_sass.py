@@ -1,12 +1,12 @@
 """Registers, spills and the K loop's instructions per weight element of the NVFP4 GEMM for sm_90a, without a GPU.
 
-The NVFP4 decode GEMM is compute-bound on the H200 (6-9x its memory floor, bench/results/quant_gemm_h200_run*.json):
+The NVFP4 decode GEMM is compute-bound on the H200 (6-9x its memory floor in bench/quant_gemm.py):
 streaming 4.5 bits per weight at ~18 B/cycle/SM leaves ~3.9 lane-instructions per weight element, so the K loop's
 instructions per element predict whether it can reach the floor. The loop is the code between a backward branch and
 its target that holds the MMAs; per element = loop instructions per thread / the weight elements one thread covers
 per iteration (BLOCK_N * BLOCK_K / (32 * num_warps)). Counts are static (predicated-off and pipelining instructions
-included). One row per ocria-1-sim shape class at M <= 16, with ``default_config``. fp4_gemm_sass_before.json is
-this script on the kernel before its PTX dequantization (ocria/plugins/fp4_gemm/kernel.py at git 4f71f6a).
+included). One row per ocria-1-sim shape class at M <= 16, with ``default_config``. To see what a kernel change does
+to these counts, run the script on the kernel file before and after it.
 
     python bench/fp4_gemm_sass.py --out bench/results/fp4_gemm_sass.json
 """
@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable
 
 from ptxas import compile_report, compile_sm90
-from timing import save_json
 
+from ocria.bench.results import write_json
 from ocria.plugins.fp4_gemm.kernel import _nvfp4_gemm_kernel, default_config
 
 TYPES = dict(x_ptr="*i16", w_ptr="*u8", s_ptr="*u8", g_ptr="*fp32", y_ptr="*i16", ws_ptr="*fp32", count_ptr="*i32",
@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--slices", type=int, nargs="+", default=[1], help="K slices over programs (SLICES) to compile")
     args = ap.parse_args()
     rows = [stats(name, N, K, s) for name, (N, K) in SHAPES.items() for s in args.slices]
-    save_json(compile_report(rows), args.out)
+    write_json(compile_report(rows), args.out)
     print(f"{'shape':8} {'config':>18} {'mma':>8} {'regs':>4} {'smem KB':>7} {'spill':>5} {'instr':>6} | K loop: "
           f"{'SASS':>5} {'PTX':>5} {'elem/thr':>8} {'SASS/elem':>9}")
     for r in rows:

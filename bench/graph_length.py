@@ -15,8 +15,9 @@ import sys
 
 import torch
 from silu_quant import ROTATE_BYTES, out_bytes
-from timing import GRAPH_US, copy_bandwidth, save_json, time_calls
 
+from ocria.bench.results import write_json
+from ocria.bench.timing import GRAPH_US, copy_bandwidth, time_calls
 from ocria.plugins import numerics as nx
 from ocria.plugins.silu_quant.kernel import silu_mul_quant_triton
 
@@ -60,7 +61,7 @@ def main() -> None:
         rows.append(row)
         print(f"{name:>14} " + " ".join(
             f"{row[w]['median_us']:9.3f} ({row[w]['x_floor']:.3f}x)" for w in closures))
-    save_json({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    write_json({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(),
                "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
                "tokens": m, "width": n, "copies": copies, "bytes": nbytes, "copy_bandwidth_TBps": bw / 1e12,

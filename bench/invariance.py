@@ -17,9 +17,9 @@ import sys
 
 import torch
 from decode_gemm import shapes
-from timing import time_calls
 from triton.runtime.errors import OutOfResources
 
+from ocria.bench.timing import time_calls
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp8, decode_gemm_fp8_triton, decode_gemm_triton

@@ -3,7 +3,7 @@
 Each leaf ATen op that computes (views, allocations and metadata are skipped) and each ``ocria::``
 plugin call counts once; plugin kernels run in Triton's interpreter, so their insides are not
 counted. CPU ATen decomposes a few ops that CUDA runs as one kernel (``rms_norm`` among them), so
-this overstates what eager norms cost on the GPU; the GPU profile in ``e2e.py --profile`` is the
+this overstates what eager norms cost on the GPU; the GPU profile of ``ocria bench engine --profile`` is the
 measurement, this is for comparing code versions on a machine without a GPU.
 
     python bench/op_count.py --plugins on --mode spec --out bench/results/op_count_cpu.json

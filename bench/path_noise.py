@@ -30,15 +30,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from e2e import path_noise, step_logits  # noqa: E402
-
-import ocria.runtime.scheduler as scheduler  # noqa: E402
-from ocria.builder.presets import load_preset, random_models  # noqa: E402
-from ocria.data import LONG_PAGE, generate  # noqa: E402
-from ocria.runtime.engine import Engine  # noqa: E402
-from ocria.runtime.processor import PreparedPrompt, Processor  # noqa: E402
-from ocria.train.evaluate import heldout_pngs, transcribe  # noqa: E402
+import ocria.runtime.scheduler as scheduler
+from ocria.bench.engine import path_noise, step_logits
+from ocria.builder.presets import load_preset, random_models
+from ocria.data import LONG_PAGE, generate
+from ocria.runtime.engine import Engine
+from ocria.runtime.processor import PreparedPrompt, Processor
+from ocria.train.evaluate import heldout_pngs, transcribe
 
 
 def heldout_answer(engine: Engine, doc: int) -> tuple[bytes, list[int]]:

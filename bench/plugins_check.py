@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 
 import torch
-from timing import rel_err
 
+from ocria.bench.timing import rel_err
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
@@ -108,7 +108,7 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 #   on, scaled by the mantissa ratios of the products: up to 2 ulps after w * norm (|w * a| / ulp grows by at
 #   most 2 per ulp of a) and up to 4 at the output (enumerating every bf16 mantissa of norm and weight against
 #   sampled fp32 silu(z), with and without an fp32 ulp of noise on it). The check's 4M gated elements meet such
-#   boundaries, so 2 ulps (plugins_check_h200.json) is this chain at work, not a kernel bug; more than 4 would
+#   boundaries, so the 2 ulps an H200 shows are this chain at work, not a kernel bug; more than 4 would
 #   be a kernel that does not round where the model rounds.
 NORM_ULPS_BF16 = {"rms_norm": 1, "gated_rms_norm": 4}
 

@@ -35,8 +35,8 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton
-from timing import copy_bandwidth, rel_err, time_calls
 
+from ocria.bench.timing import copy_bandwidth, rel_err, time_calls
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_gemm import MAX_M, decode_gemm_fp8_triton
 from ocria.plugins.fp4_gemm import kernel as fp4_kernel

@@ -32,8 +32,8 @@ import time
 import torch
 import triton
 import triton.language as tl
-from timing import capture_graph, copy_bandwidth, graph_reps, median_us, rotating_calls
 
+from ocria.bench.timing import capture_graph, copy_bandwidth, graph_reps, median_us, rotating_calls
 from ocria.plugins.replay_ssm import kernel as K
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.kernel import _softplus

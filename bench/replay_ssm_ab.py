@@ -6,7 +6,7 @@ loads its file as a module of its own, so settings never leak between variants; 
 (graph-timed, rotating slot sets, no baselines) and ``replay_ssm.check_correctness``.
 
     cp ocria/plugins/replay_ssm/kernel.py /tmp/fused.py
-    patch /tmp/fused.py bench/results/replay_ssm_s20_fused_prep.patch
+    patch /tmp/fused.py CHANGE.patch
     python bench/replay_ssm_ab.py --variant head=ocria/plugins/replay_ssm/kernel.py \
         --variant fused96=/tmp/fused.py:FUSED_MAX_REGISTERS=96 \
         --variant pdl=ocria/plugins/replay_ssm/kernel.py:env.OCRIA_PDL=1 \
@@ -33,10 +33,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # replay_ssm.py and timing.py, also when loaded by path (tests)
+sys.path.insert(0, str(Path(__file__).parent))  # replay_ssm.py and kernel_variants.py, also when loaded by path (tests)
 import replay_ssm as RB  # noqa: E402
 from kernel_variants import Variant, environment, load_variants  # noqa: E402
-from timing import copy_bandwidth, save_json  # noqa: E402
+
+from ocria.bench.results import write_json  # noqa: E402
+from ocria.bench.timing import copy_bandwidth  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -112,14 +114,14 @@ def main(argv: list[str] | None = None) -> None:
                 str(B): RB.check_correctness(heads, device, {}, steps=4, B=B) for B in args.check_batches
             }
     if args.check_only:
-        save_json(result, args.out)
+        write_json(result, args.out)
         return
     failed = {name: c["failed"] for name, c in result["correctness"].items() if "failed" in c}
     for name, why in failed.items():
         print(f"{name}: check failed, not timed: {why}", flush=True)
     variants = [v for v in variants if v.name not in failed]
     if not variants:
-        save_json(result, args.out)
+        write_json(result, args.out)
         raise SystemExit("no variant passed its check; nothing timed (see correctness in the result file)")
     bw = copy_bandwidth() if device.type == "cuda" else 1e12  # CPU: nominal, so the floor arithmetic runs
     result["copy_bandwidth_GBps"] = bw / 1e9
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                 result["rows"].append(dict(row, variant=v.name, round=r))
                 print(f"round {r} batch {B:3d} T {T:2d} {v.name:>16}: {row['ours_us']:8.2f} us "
                       f"({row['ours_over_floor']:.3f}x floor)", flush=True)  # fmt: skip
-    save_json(result, args.out)
+    write_json(result, args.out)
     print(f"\n{'variant':>16} {'B':>3} {'T':>3} {'median us':>10} {'x floor':>8}  worst bf16 output / state error")
     for B, T in rows:
         for v in variants:

@@ -25,10 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-sys.path.insert(0, str(Path(__file__).parent))  # replay_ssm.py and timing.py, also when loaded by path (tests)
+sys.path.insert(0, str(Path(__file__).parent))  # replay_ssm.py, also when loaded by path (tests)
 import replay_ssm as RB  # noqa: E402
-from timing import copy_bandwidth, save_json  # noqa: E402
 
+from ocria.bench.results import write_json  # noqa: E402
+from ocria.bench.timing import copy_bandwidth  # noqa: E402
 from ocria.plugins.replay_ssm import kernel as K  # noqa: E402
 from ocria.plugins.replay_ssm.kernel import _slot_position  # noqa: E402
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     for B, T in rows:
         result["rows"].append(bytes_row(B, T, tuple(args.heads), device, bw, args.rotate_mib << 20, tilings))
-    save_json(result, args.out)
+    write_json(result, args.out)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s; µs per layer and step (x floor)")
     print(f"{'B':>3} {'T':>3} {'floor':>7} {'replay_verify':>15} {'bytes kernel':>15} {'copy':>15}")
     for r in result["rows"]:

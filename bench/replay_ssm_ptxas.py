@@ -11,8 +11,8 @@ import argparse
 import re
 
 from ptxas import compile_report, compile_sm90
-from timing import save_json
 
+from ocria.bench.results import write_json
 from ocria.plugins.replay_ssm.kernel import (
     KEY_CHUNK,
     KEY_CHUNK_MAX_REGISTERS,
@@ -83,7 +83,7 @@ def main() -> None:
     # What a deep grid with bf16 inputs launches: the block kernel capped for five programs per SM.
     rows.append(compile_stats(64, 4, "tf32", False, max_registers=KEY_CHUNK_MAX_REGISTERS))
     prep = [prep_stats(prec, heads) for prec in ("tf32", "tf32x3") for heads in (1, 2)]
-    save_json(compile_report(rows + prep), args.out)
+    write_json(compile_report(rows + prep), args.out)
     head = ("BV", 4), ("warps", 5), ("precision", 9), ("T=1", 4), ("cap", 4), ("regs", 4), ("spill st/ld B", 14)
     print(" ".join(f"{name:>{width}}" for name, width in head) + "  wgmma tiles")
     for r in rows:

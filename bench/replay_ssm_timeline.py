@@ -2,9 +2,8 @@
 
 A probe, GPU only (Gluon has no interpreter). It runs a copy of ``ocria/plugins/replay_ssm/hopper.py`` that takes one
 more argument, an int64 buffer of 128 stamps per CTA, and writes ``%clock64`` into it at fixed points (for the
-current file ``STAMP_PATCH``, which the test suite checks still applies; the twenty-sixth session's stamps were
-``replay_ssm_s26_timeline.patch`` on the file of commit 18ebf66, the twenty-seventh's ``replay_ssm_s27_timeline.patch``
-on that of 5b18949, the thirty-fourth's ``replay_ssm_s34_timeline.patch`` on that of a7f987b):
+current file ``STAMP_PATCH``, which the test suite checks still applies; an older version of the kernel needs a stamp
+patch made for that version):
 consumer c (base 40 c): start, first inputs issued, per tile (up to 6) its start, its first chunk's arrival, the end of
 its chunk loop, the prep's matrices ready, the tile's end, and the partition's end; loader c (base 80 + 8 c): start,
 first, 4th, 5th and 9th TMA copy issued, end; prep (base 96): start, per group (up to 4) its matrices published and its
@@ -13,7 +12,7 @@ beside them (124, 125), which turn cycles into µs. Stamps 106-123 are a probe's
 copy writes there is reported by index. Times are µs from the CTA's first stamp, medians over CTAs.
 
     cp ocria/plugins/replay_ssm/hopper.py /tmp/hopper_tl.py
-    patch /tmp/hopper_tl.py bench/results/replay_ssm_s36_timeline.patch
+    patch /tmp/hopper_tl.py STAMP_PATCH  # the file the constant below names
     python bench/replay_ssm_timeline.py --hopper /tmp/hopper_tl.py --batch 8 16 32 64 --out /tmp/timeline.json
 """
 
@@ -29,8 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import replay_ssm as RB  # noqa: E402
 from kernel_variants import Variant, load  # noqa: E402
-from timing import save_json  # noqa: E402
 
+from ocria.bench.results import write_json  # noqa: E402
 from ocria.plugins.launch import sm_count  # noqa: E402
 from ocria.plugins.replay_ssm import kernel as K  # noqa: E402
 
@@ -126,7 +125,7 @@ def main() -> None:
     for B in args.batch:
         result["rows"].append(run(H, B, device))
         summary(result["rows"][-1])
-        save_json(result, args.out)
+        write_json(result, args.out)
 
 
 if __name__ == "__main__":

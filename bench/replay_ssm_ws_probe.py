@@ -1,7 +1,7 @@
 """Warp-specialized state stream for ReplaySSM, a probe (Hopper, Gluon): can one producer warp feeding a consumer
 warpgroup through a shared-memory ring move the verify kernel's state at a copy's rate?
 
-The first building block of the warp-specialized block kernel sketched in ``bench/results/replay_ssm_notes.md``.
+The first building block of a warp-specialized block kernel for the verify step.
 Persistent programs walk the (batch row, value head, 64-column tile) tiles of a verify step. A producer warp reads
 each tile's slot and issues TMA loads of its [32 keys, 64 columns] fp32 state chunks into a ring of ``STAGES``
 shared-memory buffers (full / empty mbarriers per buffer); the consumer warpgroup takes each chunk into registers,
@@ -27,7 +27,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 sys.path.insert(0, str(Path(__file__).parent))
 import replay_ssm as RB  # noqa: E402
-from timing import copy_bandwidth, save_json, time_calls  # noqa: E402
+
+from ocria.bench.results import write_json  # noqa: E402
+from ocria.bench.timing import copy_bandwidth, time_calls  # noqa: E402
 
 BKC, BV = 32, 64  # key chunk x column tile: the committed block kernel's
 
@@ -185,7 +187,7 @@ def main() -> None:
         rows.append(probe_row(B, configs, sms, bw, args.rotate_mib << 20, device))
         print(rows[-1], flush=True)
     result["rows"] = rows
-    save_json(result, args.out)
+    write_json(result, args.out)
     print(f"\nmismatches {result['mismatches']}")
     names = ["x".join(map(str, c)) for c in configs]
     print(f"{'batch':>5} {'state@copy':>10} {'copy':>7} " + " ".join(f"{n:>8}" for n in names) + "  verify  floor")

@@ -13,8 +13,8 @@ Timing rows (tokens M x width N, gate_up [M, 2N] bf16):
   floor     bytes in + bytes out at the device copy bandwidth measured in the same run
   copy      a plain device copy moving the same bytes (half read, half written), timed like the kernel: what any
             kernel of that size pays for launch, ramp-up and drain on top of the floor (x copy: fused over it). A
-            reference, not a bound: its time moves with where its buffers land (bench/results/
-            silu_quant_s30_copy_placement_h200.log: 13.7 against 9.7 µs for copies of the same size)
+            reference, not a bound: its time moves with where its buffers land (on the H200,
+            13.7 against 9.7 µs for copies of the same size placed differently)
 Timing: a CUDA graph of R calls over rotating input copies (>= 256 MB touched), each copy's outputs kept until its
 next call so they rotate too (timing.rotating_calls), R enough for a replay of >= 2 ms (timing.time_calls), median
 over replays / R.
@@ -33,8 +33,9 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
-from timing import copy_bandwidth, rotating_calls, save_json, time_calls
 
+from ocria.bench.results import write_json
+from ocria.bench.timing import copy_bandwidth, rotating_calls, time_calls
 from ocria.plugins import numerics as nx
 from ocria.plugins.silu_quant import kernel as kernel_module
 from ocria.plugins.silu_quant import quantize_act_reference, silu_mul_quant, silu_mul_quant_reference
@@ -301,7 +302,7 @@ def main() -> None:
                 print(f"{m:5d} {n:6d} {mode:12s} {fused:9.2f} {plain:9.2f} {floor:8.2f} {fused / floor:7.2f} "
                       f"{copy:8.2f} {fused / copy:6.2f} {plain / fused:7.2f} {row['fused_GBps']:7.0f}")
             del xs
-        save_json(result, args.out)
+        write_json(result, args.out)
     big = [r for r in rows if r["tokens"] >= 1024]
     summary = {"max_x_floor_tokens_ge_1024": max(r["x_floor"] for r in big),
                "max_x_copy_tokens_ge_1024": max(r["x_copy"] for r in big),
@@ -309,7 +310,7 @@ def main() -> None:
                "all_exact": all(c["mismatches"] == 0 for c in checks)}
     print(json.dumps(summary))
     result["summary"] = summary
-    save_json(result, args.out)
+    write_json(result, args.out)
 
 
 if __name__ == "__main__":

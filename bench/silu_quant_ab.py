@@ -8,8 +8,8 @@ blocks, E2M1 ties, every bf16 value as the activation under several scales) agai
 with a mismatching byte is not timed. Rows (tokens x width) are then timed like bench/silu_quant.py's table (a CUDA
 graph over rotating input copies and outputs, the kernel's default config), variants interleaved round by round, and
 reported against the bytes floor. ``--time-inexact`` times variants with mismatching bytes too: probes that leave work
-out on purpose (an instruction replaced by a move, say) to see what that work costs. ``--pooled-outputs`` times as
-runs before session 33 did, every call writing the same output buffers (they stay in L2 between calls).
+out on purpose (an instruction replaced by a move, say) to see what that work costs. ``--pooled-outputs`` times the
+older way, every call writing the same output buffers (they stay in L2 between calls, so their write-back is not paid).
 
     git show HEAD:ocria/plugins/silu_quant/kernel.py > /tmp/head.py
     python bench/silu_quant_ab.py --variant head=/tmp/head.py --variant new=ocria/plugins/silu_quant/kernel.py \
@@ -25,11 +25,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # silu_quant.py and timing.py, also when loaded by path (tests)
+sys.path.insert(0, str(Path(__file__).parent))  # silu_quant.py and kernel_variants.py, also when loaded by path (tests)
 import silu_quant as SQ  # noqa: E402
 from kernel_variants import environment, load_variants  # noqa: E402
-from timing import copy_bandwidth, rotating_calls, save_json, time_calls  # noqa: E402
 
+from ocria.bench.results import write_json  # noqa: E402
+from ocria.bench.timing import copy_bandwidth, rotating_calls, time_calls  # noqa: E402
 from ocria.plugins import numerics as nx  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--time-inexact", action="store_true",
                     help="time variants whose bytes differ too (probes that leave work out)")
     ap.add_argument("--pooled-outputs", action="store_true",
-                    help="let the graph's pool give every call the same outputs, as timings did before session 33")
+                    help="let the graph's pool give every call the same outputs, as older timings did (in L2)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     variants = load_variants(args.variant)
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         table.append(row)
         print(f"{key:>12} {floor:9.2f} " + " ".join(
             f"{row[nm]['median_us']:8.2f} ({row[nm]['x_floor']:.2f}x)" for nm in names))
-    save_json({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    write_json({"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "gpu": torch.cuda.get_device_name(), "triton": __import__("triton").__version__,
                "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]), "mode": args.mode,
                "pooled_outputs": args.pooled_outputs, "copy_bandwidth_TBps": bw / 1e12,

@@ -27,8 +27,9 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from timing import copy_bandwidth, save_json, time_calls
 
+from ocria.bench.results import write_json
+from ocria.bench.timing import copy_bandwidth, time_calls
 from ocria.plugins import numerics as nx
 from ocria.plugins.launch import sm_count
 from ocria.plugins.silu_quant.kernel import (
@@ -175,9 +176,9 @@ def main() -> None:
             tile, check = f"{blocks}b/{warps}w/{pps}pps", "" if same is None else str(same)
             print(f"{m:5d} {n:6d} {name:12s} {tile:>13} {us:7.2f} {us / floor:7.3f} {check:>6}")
         del xs
-        save_json(result, args.out)
+        write_json(result, args.out)
     result["ok"] = all(r["same_bytes_as_kernel"] is not False for r in rows)
-    save_json(result, args.out)
+    write_json(result, args.out)
 
 
 if __name__ == "__main__":

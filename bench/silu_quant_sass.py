@@ -1,6 +1,6 @@
 """Registers, spills and SASS instructions per element of the SiLU-quant kernel for sm_90, without a GPU.
 
-The quantized modes are compute-bound on the H200 (bench/results/silu_quant_h200_run3.json), so the
+The quantized modes are compute-bound on the H200 (bench/silu_quant.py), so the
 instructions a thread issues per element predict their time. Counts are static: both sides of a branch
 (e.g. the FP8 quotient's FMA path and its IEEE-division fallback) and the division's slow path are included.
 
@@ -12,10 +12,10 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))  # ptxas.py and timing.py, also when loaded by path (tests)
+sys.path.insert(0, str(Path(__file__).parent))  # ptxas.py, also when loaded by path (tests)
 from ptxas import compile_report, compile_sm90  # noqa: E402
-from timing import save_json  # noqa: E402
 
+from ocria.bench.results import write_json  # noqa: E402
 from ocria.plugins.silu_quant.kernel import (
     MODE_IDS,
     _nvfp4_kernel,
@@ -114,7 +114,7 @@ def main() -> None:
         for mode in MODE_IDS:
             for cfg in [default_config(mode, 4096, n)] + ([two_pass] if mode == "fp8_dynamic" else []):
                 rows.append(stats(mode, n, cfg))
-    save_json(compile_report(rows), args.out)
+    write_json(compile_report(rows), args.out)
     print(f"{'N':>6} {'mode':12} {'tile':>12} {'warps':>5} {'passes':>6} {'regs':>4} {'spill B':>7} {'instr/elem':>10}")
     for r in rows:
         print(f"{r['width']:>6} {r['mode']:12} {'x'.join(map(str, r['tile'])):>12} {r['config']['num_warps']:>5} "

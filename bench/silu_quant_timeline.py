@@ -7,11 +7,11 @@ of the loaded words, so it waits for them; a warp busy with the tile before read
 are issued. Inputs rotate over copies larger than L2, as the benchmarks time them, and the last launch is read.
 Reported in µs from the first warp's start: quantiles over warps of the first tile's data, the last tile's data and
 the last tile's end, the last tile's own time, every tile's time, and the mean end of the warps of each eighth of the
-programs and of each warp index (the twenty-ninth session's runs: a program's warps end up to 6 µs apart, and the
-second program launched on an SM ends later than the first).
+programs and of each warp index (on the H200 a program's warps ended up to 6 µs apart,
+and the second program launched on an SM ended later than the first).
 
     cp ocria/plugins/silu_quant/kernel.py /tmp/silu_tl.py
-    patch /tmp/silu_tl.py bench/results/silu_quant_s32_stamps.patch
+    patch /tmp/silu_tl.py STAMP_PATCH  # the file the constant below names
     python bench/silu_quant_timeline.py --kernel /tmp/silu_tl.py --rows 1024x6144 1024x12288 --out /tmp/tl.json
 """
 
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from kernel_variants import Variant, load  # noqa: E402
 from silu_quant import ROTATE_BYTES  # noqa: E402
 from silu_quant_ab import parse_rows  # noqa: E402
-from timing import save_json  # noqa: E402
 
+from ocria.bench.results import write_json  # noqa: E402
 from ocria.plugins import numerics as nx  # noqa: E402
 
 STAMP_PATCH = "bench/results/silu_quant_s32_stamps.patch"
@@ -99,7 +99,7 @@ def main() -> None:
         row = run(stamped.module, M, N, torch.device("cuda"))
         result["rows"].append(row)
         print(row)
-        save_json(result, args.out)
+        write_json(result, args.out)
 
 
 if __name__ == "__main__":

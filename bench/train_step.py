@@ -21,9 +21,10 @@ import time
 
 import torch
 from inert_ops import INERT_OPS
-from timing import kernel_table, save_json
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ocria.bench.results import write_json
+from ocria.bench.timing import kernel_table
 from ocria.builder.presets import load_preset
 from ocria.train.data import loader
 from ocria.train.gdn_chunked import chunked_gdn
@@ -185,7 +186,7 @@ def main() -> None:
     for b in args.batch:
         row = measure(preset, b, args.device, args.steps, args.profile, args.loader)
         result["rows"].append(row)
-        save_json(result, args.out)
+        write_json(result, args.out)
         ops = "/".join(str(row["ops"][k]) for k in ("forward", "backward", "update"))
         print(f"{b:>6} {row['seq_len']:>5} {ops:>18} {row['saved_GB']:>9.2f} {row.get('step_ms', float('nan')):>8.1f} "
               f"{row.get('documents_per_s', float('nan')):>8.0f} {row.get('peak_GB', float('nan')):>8.1f}")

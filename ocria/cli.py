@@ -89,9 +89,25 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _serving(name: str) -> tuple[Callable, Callable]:
-    from ocria import serving
+    """A serving command's (add_args, cmd): defining its flags imports nothing optional, so the command is always
+    listed; running it names a missing optional dependency (``ocria.deps.require``)."""
+    from ocria.serving import commands
 
-    return getattr(serving, f"add_{name}_args"), getattr(serving, f"cmd_{name}")
+    return getattr(commands, f"add_{name}_args"), getattr(commands, f"cmd_{name}")
+
+
+def _bench_args(p: argparse.ArgumentParser) -> None:
+    from ocria.bench import engine, serve
+
+    sub = p.add_subparsers(dest="bench", required=True)
+    engine.add_args(sub.add_parser("engine", help="offline throughput and latency of an engine"))
+    serve.add_args(sub.add_parser("serve", help="load generator against a running server"))
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ocria.bench import engine, serve
+
+    return {"engine": engine.run, "serve": serve.run}[args.bench](args)
 
 
 def _dispatch(prog: str, commands: dict[str, tuple[str, Callable, Callable]], argv: list[str] | None) -> int:
@@ -111,24 +127,17 @@ def _dispatch(prog: str, commands: dict[str, tuple[str, Callable, Callable]], ar
 
 
 def build_main(argv: list[str] | None = None) -> int:
-    commands = {"engine": ("build an engine directory", _engine_args, cmd_engine)}
-    try:
-        add, cmd = _serving("triton_repo")
-        commands["triton-repo"] = ("write a Triton Inference Server model repository for an engine", add, cmd)
-    except (ImportError, AttributeError):
-        pass
+    commands = {"engine": ("build an engine directory", _engine_args, cmd_engine),
+                "triton-repo": ("write a Triton Inference Server model repository for an engine",
+                                *_serving("triton_repo"))}
     return _dispatch("ocria-build", commands, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {"run": ("read a document image with an engine", _run_args, cmd_run)}
-    for name, help_text in (("serve", "serve an engine from Triton Inference Server"),
-                            ("client", "send a document to a running server")):
-        try:
-            add, cmd = _serving(name)
-            commands[name] = (help_text, add, cmd)
-        except (ImportError, AttributeError):
-            pass
+    commands = {"run": ("read a document image with an engine", _run_args, cmd_run),
+                "serve": ("serve an engine from Triton Inference Server", *_serving("serve")),
+                "client": ("send a document to a running server", *_serving("client")),
+                "bench": ("benchmark an engine offline, or a running server under load", _bench_args, cmd_bench)}
     return _dispatch("ocria", commands, argv)
 
 

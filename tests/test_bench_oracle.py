@@ -1,4 +1,4 @@
-"""bench/e2e.py's forced-acceptance machinery on a toy verify path (CPU, no model).
+"""``ocria bench engine``'s forced-acceptance machinery on a toy verify path (CPU, no model).
 
 The toy target's greedy token depends on where its position sits in the verify block at near-ties,
 like bf16 logits of the ar (T=1) and verify (T=16) paths: an oracle table taken from the ar path is
@@ -10,11 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from bench_scripts import load_bench
 
+from ocria.bench import engine
+from ocria.bench.timing import kernel_table
 from ocria.data import generate
-
-e2e = load_bench("e2e")
+from ocria.errors import OcriaError
 
 V, BLOCK, START, TOKENS = 97, 16, 5, 40
 
@@ -26,7 +26,7 @@ def greedy(seq: list[int], block_start: int) -> int:
 
 
 def decode(drafter, rows: int, want: int = TOKENS) -> tuple[list[list[int]], dict]:
-    """Forced-mode generation like ``run_mode``'s: verify [last, drafts], accept the agreeing prefix."""
+    """Forced-mode generation like ``time_mode``'s: verify [last, drafts], accept the agreeing prefix."""
     prompt = [3, 1, 4, 1, 5][:START]
     first = greedy(prompt, START - 1)
     cache = SimpleNamespace(ctx_len=torch.full((rows,), START, dtype=torch.int32))
@@ -49,10 +49,10 @@ def decode(drafter, rows: int, want: int = TOKENS) -> tuple[list[list[int]], dic
 
 
 def agreed_pass(drafter, rows: int):
-    """A pass of ``run_mode``: one block longer than the timed run, agreeing on all the timed run emits."""
+    """A pass of ``settle_table``: one block longer than the timed run, agreeing on all the timed run emits."""
     def run(p):
         tokens, stats = decode(drafter, rows, TOKENS + BLOCK)
-        return tokens, e2e.agreed_lengths(stats["lengths"], TOKENS, BLOCK)
+        return tokens, engine.agreed_lengths(stats["lengths"], TOKENS, BLOCK)
     return run
 
 
@@ -69,44 +69,44 @@ def ar_table(rows: int) -> torch.Tensor:
 def test_ar_table_breaks_and_fixed_point_is_fully_accepted():
     rows = 2
     table = ar_table(rows)
-    drafter = e2e.ForcedDrafter(SimpleNamespace(config=SimpleNamespace(block_size=BLOCK)), table, None)
+    drafter = engine.ForcedDrafter(SimpleNamespace(config=SimpleNamespace(block_size=BLOCK)), table, None)
     tokens, stats = decode(drafter, rows)
     assert stats["tau"] < BLOCK / 2  # the ar table flips at a tie and every later draft is rejected
-    ok, report = e2e.check_table(table, START, tokens)
+    ok, report = engine.check_table(table, START, tokens)
     assert not ok and report[0]["first_divergence"] is not None
 
-    passes, converged = e2e.oracle_fixed_point(agreed_pass(drafter, rows), table, START, 4 * TOKENS)
+    passes, converged = engine.oracle_fixed_point(agreed_pass(drafter, rows), table, START, 4 * TOKENS)
     assert converged and 1 < passes < 4 * TOKENS
     tokens, stats = decode(drafter, rows)  # the timed run reads the same table
     assert stats["tau"] == BLOCK
-    assert e2e.check_table(table, START, tokens)[0]
+    assert engine.check_table(table, START, tokens)[0]
 
 
 def test_tau_mode_is_deterministic_has_its_mean_and_reaches_a_fixed_point():
     rows, tau = 3, 8.0
     table = ar_table(rows)
     real = SimpleNamespace(config=SimpleNamespace(block_size=BLOCK))
-    drafter = e2e.ForcedDrafter(real, table, tau)
+    drafter = engine.ForcedDrafter(real, table, tau)
     k = (drafter.draws < (tau - 1) / (BLOCK - 1)).sum(-1).float()
     assert abs(float(k.mean()) + 1 - tau) < 0.2  # Binomial(15, 7/15) per (slot, position): mean tau - 1
 
-    passes, converged = e2e.oracle_fixed_point(agreed_pass(drafter, rows), table, START, 4 * TOKENS)
+    passes, converged = engine.oracle_fixed_point(agreed_pass(drafter, rows), table, START, 4 * TOKENS)
     assert converged
     tokens, stats = decode(drafter, rows)
     _, agree = agreed_pass(drafter, rows)(0)
     assert all(n >= len(t) + BLOCK for n, t in zip(agree, tokens))  # fast rows included
-    again, stats2 = decode(e2e.ForcedDrafter(real, table, tau), rows)  # same seed: same schedule
+    again, stats2 = decode(engine.ForcedDrafter(real, table, tau), rows)  # same seed: same schedule
     assert tokens == again and stats == stats2
     longer = decode(drafter, rows, TOKENS + BLOCK)[0]
     assert [t[: len(s)] for t, s in zip(longer, tokens)] == tokens  # the timed run is a pass's prefix
-    assert e2e.check_table(table, START, tokens)[0]
+    assert engine.check_table(table, START, tokens)[0]
     assert 1 < stats["tau"] < BLOCK
 
 
 def test_agreement_covers_every_token_the_timed_run_emits():
     # three steps of a pass; the timed run (want 8) stops after the second, with a fast row at 40
     lengths = [[3, 17], [10, 40], [20, 60]]
-    assert e2e.agreed_lengths(lengths, 8, BLOCK) == [10 + BLOCK, 40 + BLOCK]
+    assert engine.agreed_lengths(lengths, 8, BLOCK) == [10 + BLOCK, 40 + BLOCK]
 
 
 def test_draft_vocab_override_is_checked():
@@ -116,18 +116,18 @@ def test_draft_vocab_override_is_checked():
                            num_key_value_heads=1, head_dim=8, vocab_size=512, block_size=4, mask_token_id=6,
                            target_layer_ids=[0], num_target_layers=1, draft_vocab_size=300)
     drafter = SimpleNamespace(config=config, lm_head=SimpleNamespace(weight=torch.empty(512, 8)))
-    e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=None))
+    engine.set_draft_vocab(drafter, None)
     assert drafter.config.draft_vocab_size == 300  # the preset's
-    e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=0))
+    engine.set_draft_vocab(drafter, 0)
     assert drafter.config.draft_vocab_size == 0
     for bad in (-1, 6, 513):
-        with pytest.raises(SystemExit, match="draft-vocab"):
-            e2e.set_draft_vocab(drafter, SimpleNamespace(draft_vocab=bad))
+        with pytest.raises(OcriaError, match="draft-vocab"):
+            engine.set_draft_vocab(drafter, bad)
 
 
 def test_check_table_reports_the_first_wrong_position():
     table = torch.arange(40)[None].repeat(2, 1)
-    ok, report = e2e.check_table(table, 10, [list(range(10, 20)), [10, 11, 99, 13]])
+    ok, report = engine.check_table(table, 10, [list(range(10, 20)), [10, 11, 99, 13]])
     assert not ok
     assert [r["first_divergence"] for r in report] == [None, 2]
     assert [r["compared"] for r in report] == [10, 4]
@@ -137,14 +137,14 @@ def test_drafter_ranges_put_step_calls_in_profiler_ranges():
     from torch.profiler import ProfilerActivity, profile
 
     inner = SimpleNamespace(config=SimpleNamespace(block_size=BLOCK), propose=lambda x: x + 1, other=lambda: 3)
-    drafter = e2e.DrafterRanges(inner)
+    drafter = engine.DrafterRanges(inner)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = drafter.propose(torch.ones(2))
     assert torch.equal(out, torch.full((2,), 2.0))
     assert drafter.config.block_size == BLOCK and drafter.other is inner.other
     ranged = [e for e in prof.events() if e.name == "drafter.propose"]
     assert len(ranged) == 1 and any(c.name == "aten::add" for c in ranged[0].cpu_children)
-    table = e2e.kernel_table(prof, ("drafter.propose",))
+    table = kernel_table(prof, ("drafter.propose",))
     assert table["kernels"] == 0 and table["ranges"]["drafter.propose"] == {"kernels": 0, "total_us": 0}
 
 
@@ -183,12 +183,12 @@ def test_forced_drafter_in_the_real_decode_step():
 
     ar, _ = run(None, n)
     table[0, L: L + n + 1] = torch.tensor(ar[0])
-    oracle = e2e.ForcedDrafter(drafter, table, None)
+    oracle = engine.ForcedDrafter(drafter, table, None)
     def agreed(p):  # one row: agree on the timed run's tokens plus a block
         tokens = run(oracle, n + dc.block_size)[0]
         return tokens, [len(tokens[0])]
 
-    passes, converged = e2e.oracle_fixed_point(agreed, table, L, 4 * n)
+    passes, converged = engine.oracle_fixed_point(agreed, table, L, 4 * n)
     assert converged and table[0, L: L + n + 1].tolist() == ar[0]  # fp32: the passes only extend ar's table
     tokens, tau = run(oracle, n)
-    assert tau == dc.block_size and e2e.check_table(table, L, tokens)[0]
+    assert tau == dc.block_size and engine.check_table(table, L, tokens)[0]

@@ -504,7 +504,7 @@ def test_plugin_switch_reaches_quantized_mlps(engines):
 
 
 def test_calibration_free_quantization_follows_the_recipe():
-    """``quantize_in_place`` (bench/e2e.py --recipe): the recipe's layers become QuantLinears whose
+    """``quantize_in_place`` (ocria bench engine --recipe): the recipe's layers become QuantLinears whose
     weights are the reference quantizers' output, MLP gate/up fuse under one NVFP4 global scale, and
     the quantized model's logits follow the unquantized model's."""
     from ocria.builder.presets import random_models

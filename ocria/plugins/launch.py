@@ -1,7 +1,7 @@
 """Programmatic dependent launch (PDL) for the plugin kernels, opt-in with ``OCRIA_PDL=1``.
 
 Why: a decode step is a few hundred small kernels in one CUDA graph, and on the H200 the gaps between
-them were 430 µs of a 2.33 ms batch-1 ``ar`` step (its profile, ``bench/e2e.py --profile``). A kernel
+them were 430 µs of a 2.33 ms batch-1 ``ar`` step (its profile, ``ocria bench engine --profile``). A kernel
 launched with PDL (Hopper and newer) may become resident while the kernel before it still runs; it waits
 (``griddepcontrol.wait``) for that kernel's completion and memory before it reads or writes anything,
 then lets the kernel after it launch (``griddepcontrol.launch_dependents``). Completion is transitive:

@@ -5,7 +5,7 @@ per-tensor ``amax / 448``; NVFP4: ModelOpt's global and 16-element block scales,
 one global scale as ModelOpt's export makes them). FP8 layers get no ``input_scale``, so their
 activations are scaled per token at run time. The bytes and kernels of a step are those of an engine
 built with the same recipe; the numbers are not (no calibration): engines come from
-``ocria-build engine --recipe`` (ModelOpt), this is what ``bench/e2e.py --recipe`` times.
+``ocria-build engine --recipe`` (ModelOpt), this is what ``ocria bench engine --recipe`` times.
 """
 
 import re

@@ -1,13 +1,18 @@
-"""Shared GPU timing, error measure and result writing for the benchmarks."""
+"""Shared GPU timing, error measure and profile tables for the benchmarks (``ocria bench`` and ``bench/*.py``).
+
+Results are written with ``ocria.bench.results.write_json`` (whole or not at all); ``finish`` closes a checked
+benchmark script with it.
+"""
 
 import json
 import math
-import os
 import statistics
 import sys
 import time
 
 import torch
+
+from ocria.bench.results import write_json
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -22,8 +27,8 @@ MAX_CALLS = 4096  # and holds at most this many calls
 def rotating_calls(fn, inputs: list) -> list:
     """Closures ``fn(inputs[i])`` that each keep their call's outputs until their next call, so the outputs rotate
     over as many buffers as the inputs (as a copy's rotating destinations do). Left to the graph's pool, every call
-    would write one buffer that stays in L2 from one call to the next and is overwritten there, the write-back to
-    HBM that a bytes floor counts never paid (bench/results/silu_quant_s33_outputs_ab_h200.json)."""
+    would write one buffer that stays in L2 from one call to the next and is overwritten there: the write-back to
+    HBM that a bytes floor counts would never be paid, and a kernel would look faster than its floor allows."""
     held = [None] * len(inputs)
 
     def call(i: int) -> None:
@@ -68,9 +73,9 @@ def graph_reps(n_fns: int, min_calls: int, per_call_us: float | None = None, min
 
 def time_calls(fns: list, min_calls: int = 20, replays: int = 15, min_graph_us: float = GRAPH_US) -> float:
     """Median µs per call of a CUDA graph that runs the closures round-robin (``graph_reps`` rounds of them). Why
-    graphs of ``min_graph_us``: a replay's own launch is timed with its calls, about 6 µs on the H200, which over 22
-    calls of a 10 µs kernel added 0.26 µs to each (bench/results/graph_length_h200.json); a model's step graph spreads
-    it over hundreds of kernels."""
+    graphs of ``min_graph_us``: a replay's own launch is timed with its calls (a few µs on an H200), which over a
+    couple of dozen calls of a 10 µs kernel adds a measurable fraction of a µs to each; a long graph spreads it
+    over enough calls to vanish, as a model's step graph spreads it over hundreds of kernels."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -111,18 +116,10 @@ def finish(result: dict, rows: list[dict], t0: float, path: str) -> None:
     exit code 1 when a check failed."""
     result["ok"] = all(r["ok"] for r in rows)
     result["seconds"] = time.time() - t0
-    save_json(result, path)
+    write_json(result, path)
     print(json.dumps({"ok": result["ok"], "seconds": round(result["seconds"], 1)}))
     if not result["ok"]:
         sys.exit(1)
-
-
-def save_json(result: dict, path: str) -> None:
-    """Write a result file whole or not at all (temp file, then rename): benches save after every row."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f, indent=1)
-    os.replace(path + ".tmp", path)
 
 
 def _kernels_under(event, skip: tuple[str, ...]) -> tuple[int, float]:
