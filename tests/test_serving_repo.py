@@ -93,7 +93,7 @@ def test_tensorrt_llm_variant_structure(tmp_path, engine_dir):
     assert spec == {"decoding_type": "DFlash", "max_draft_len": drafter["block_size"] - 1, "speculative_model_dir":
                     str(engine_dir.resolve() / "drafter"), "mask_token_id": drafter["dflash_config"]["mask_token_id"],
                     "target_layer_ids": drafter["dflash_config"]["target_layer_ids"]}
-    assert opts["triton_config"] == {"max_batch_size": 8, "decoupled": True}
+    assert opts["triton_config"] == {"max_batch_size": 64, "decoupled": True}
 
 
 def test_request_parsing():

@@ -2,10 +2,12 @@
 
 Requests arrive from any thread (Triton's execute); the loop admits them, steps the scheduler, and
 hands every Event to the request's sink. The scheduler is not thread-safe, so only the loop thread
-touches it: submissions and cancellations go through a queue. Each request's ``is_cancelled`` (an IPC
-call under Triton) is polled every ``cancel_period_s``, or after the step that overran it.
-If a step raises, the loop dies: every open request gets a final error and ``on_death`` is called, so
-a crashed engine turns into errors and an unready model instead of hung clients.
+touches it: submissions and cancellations go through a queue. Sinks run on a second thread, in order:
+building and sending responses (IPC under Triton) overlaps the next step's GPU work instead of
+delaying it. Each request's ``is_cancelled`` (an IPC call under Triton) is polled every
+``cancel_period_s``, or after the step that overran it. If a step raises, the loop dies: every open
+request gets a final error and ``on_death`` is called, so a crashed engine turns into errors and an
+unready model instead of hung clients.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class EngineLoop:
         self._by_rid: dict[int, int] = {}  # scheduler rid -> key
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._outbox: queue.Queue = queue.Queue()  # (sink, event, error) for the sender thread; None ends it
+        self._sender: threading.Thread | None = None
         self.error: str | None = None
         self.max_batch_seen = 0
 
@@ -79,6 +83,8 @@ class EngineLoop:
 
     def start(self) -> EngineLoop:
         self.scheduler = self.engine.scheduler(self.max_batch_size)
+        self._sender = threading.Thread(target=self._send_loop, name="ocria-engine-sender", daemon=True)
+        self._sender.start()
         self._thread = threading.Thread(target=self._run, name="ocria-engine-loop", daemon=True)
         self._thread.start()
         return self
@@ -104,6 +110,9 @@ class EngineLoop:
         self._inbox.put(("wake",))
         if self._thread is not None:
             self._thread.join(timeout_s)
+        self._outbox.put(None)
+        if self._sender is not None:
+            self._sender.join(timeout_s)
 
     # -- loop thread --------------------------------------------------------------------------------
 
@@ -130,7 +139,8 @@ class EngineLoop:
                 except queue.Empty:
                     break
                 if item[0] == "add":
-                    _deliver(item[4].sink, None, EngineUnavailable(f"engine loop died: {self.error}"))
+                    self._outbox.put((item[4].sink, None, EngineUnavailable(f"engine loop died: {self.error}")))
+            self._outbox.join()  # every client has its error before the model goes away
             if self.on_death is not None:
                 self.on_death(self.error)
         finally:  # stop(): end what is still open with a final (cancelled) event
@@ -150,7 +160,7 @@ class EngineLoop:
                 try:
                     req.rid = self.scheduler.add(prompt, params)
                 except OcriaError as e:
-                    _deliver(req.sink, None, e)
+                    self._outbox.put((req.sink, None, e))
                     continue
                 self._open[key] = req
                 self._by_rid[req.rid] = key
@@ -192,18 +202,27 @@ class EngineLoop:
             if ev.finished:
                 del self._open[key], self._by_rid[ev.request_id]
                 self.observer.finished(ev.stats, ev.finish_reason)
-            _deliver(req.sink, ev, None)
+            self._outbox.put((req.sink, ev, None))
 
     def _finish_with_error(self, key: int, message: str) -> None:
         req = self._open.pop(key)
         self._by_rid.pop(req.rid, None)
         self.observer.finished(None, "error")
-        _deliver(req.sink, None, EngineUnavailable(message))
+        self._outbox.put((req.sink, None, EngineUnavailable(message)))
 
+    # -- sender thread ------------------------------------------------------------------------------
 
-def _deliver(sink: Sink, event: Event | None, error: OcriaError | None) -> None:
-    """A failing sink (a client gone away) must not kill the loop that serves everyone else."""
-    try:
-        sink(event, error)
-    except Exception:
-        traceback.print_exc()
+    def _send_loop(self) -> None:
+        """Run sinks in submission order; a failing sink (a client gone away) must not stop the others."""
+        while True:
+            item = self._outbox.get()
+            try:
+                if item is None:
+                    return
+                sink, event, error = item
+                try:
+                    sink(event, error)
+                except Exception:
+                    traceback.print_exc()
+            finally:
+                self._outbox.task_done()

@@ -20,6 +20,7 @@ from ocria.serving import protocol, tensors
 class TritonPythonModel:
     def initialize(self, args):
         tensors.check_stub(pb_utils)
+        torch.set_num_threads(1)  # instances are the parallelism: one core each, no thread oversubscription
         config = json.loads(args["model_config"])
         self.strings = tensors.string_inputs(config)
         params = config["parameters"]
