@@ -247,3 +247,21 @@ def test_decode_steps_run_the_target_batch_invariant(engine, monkeypatch):
     monkeypatch.setenv("OCRIA_BATCH_INVARIANT", "yes")
     with pytest.raises(OcriaError, match="OCRIA_BATCH_INVARIANT='yes'"), batch_invariant_rows():
         pass
+
+
+@pytest.mark.parametrize("size,mode", [((448, 288), "RGB"), ((1, 1), "RGB"), ((301, 77), "L"), ((33, 700), "RGBA"),
+                                       ((511, 513), "noise"), ((40, 2), "RGB")])
+def test_patch_bytes_are_the_image_processors_own(engine, size, mode):
+    """The uint8 patch path (what the server sends) equals transformers' processor byte for byte, and the byte
+    table turns it into exactly the processor's normalized pixel values."""
+    from ocria.runtime.processor import pixels_from_bytes
+
+    proc = engine.processor
+    image = Image.effect_noise(size, 60) if mode == "noise" else Image.new(mode, size, 77)
+    image = proc.load_image(image)
+    fast, grid = proc.patch_bytes(image)
+    ref = proc.image_processor(images=[image], do_rescale=False, do_normalize=False, return_tensors="pt")
+    assert fast.dtype == torch.uint8 and torch.equal(fast, ref["pixel_values"].to(torch.uint8))
+    assert torch.equal(grid, ref["image_grid_thw"].long())
+    floats = proc.image_processor(images=[image], return_tensors="pt")["pixel_values"].float()
+    assert torch.equal(pixels_from_bytes(fast, proc.byte_table), floats)
