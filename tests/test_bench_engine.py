@@ -87,7 +87,7 @@ def test_a_missing_engine_or_no_model_exits_2(tmp_path, capsys):
 def test_cuda_without_a_gpu_exits_2(tmp_path, capsys):
     assert main(["bench", "engine", "--engine", str(tmp_path), "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no CUDA device" in err[0]
+    assert len(err) == 1 and "no CUDA GPU" in err[0]
 
 
 def test_defining_the_flags_imports_no_torch():

@@ -253,9 +253,9 @@ def test_bad_recipe_refused_before_any_work(tmp_path, case):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # nothing started, nothing left
 
 
-@pytest.mark.parametrize("device, message", [("tpu", "'tpu': expected cpu or cuda"),
-                                             ("cuda:x", "'cuda:x': expected cpu or cuda")]
-                         + ([] if torch.cuda.is_available() else [("cuda", "this machine has no CUDA device")]))
+@pytest.mark.parametrize("device, message", [("tpu", "'tpu': use cpu, cuda or cuda:N"),
+                                             ("cuda:x", "'cuda:x': use cpu, cuda or cuda:N")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "this machine has no CUDA GPU")]))
 def test_bad_calibration_device_refused_before_any_work(tmp_path, capsys, device, message):
     assert build_main(["engine", "--out", str(tmp_path / "x"), "--recipe", "fp8", "--device", device]) == 2
     assert message in capsys.readouterr().err

@@ -232,20 +232,14 @@ def _unique(flag: str, values: list) -> None:
 
 
 def resolve_device(name: str) -> str:
-    """``auto`` -> cuda when a GPU is visible, else cpu; cuda without a GPU is an error."""
+    """``auto`` -> cuda when a GPU is visible, else cpu; otherwise as ``ocria.device.resolve_device``."""
     import torch
+
+    from ocria.device import resolve_device as checked
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise OcriaError(f"--device {name!r}: expected cpu, cuda or auto") from None
-    if device.type not in ("cpu", "cuda"):
-        raise OcriaError(f"--device {name!r}: expected cpu, cuda or auto")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OcriaError(f"--device {name}: this machine has no CUDA device (torch {torch.__version__})")
-    return str(device)
+    return str(checked(name))
 
 
 # ----------------------------------------------------------------------------------------------------------------

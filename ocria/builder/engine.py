@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 import ocria
 from ocria.builder.presets import load_preset, preset_checkpoints, save_drafter, save_target
+from ocria.device import resolve_device
 from ocria.errors import OcriaError
 from ocria.manifest import MANIFEST, file_table
 from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
@@ -28,18 +29,6 @@ def gpu_arch() -> str | None:
         return None
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
-
-
-def _device(name: str) -> torch.device:
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise OcriaError(f"--device {name!r}: expected cpu or cuda") from None
-    if device.type not in ("cpu", "cuda"):
-        raise OcriaError(f"--device {name!r}: expected cpu or cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise OcriaError(f"--device {name}: this machine has no CUDA device (torch {torch.__version__})")
-    return device
 
 
 def _tokenizer_source(target_dir: Path, fallback: Path) -> Path:
@@ -65,7 +54,7 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
 
         quant = load_recipe(recipe, allow_vision_quant=allow_vision_quant)  # refuse bad input before any work
         check_calib_spec(calib)
-        calib_device = _device(device)
+        calib_device = resolve_device(device)
     build_profile = {**spec.profile, **(profile or {})}
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

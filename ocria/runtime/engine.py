@@ -5,6 +5,7 @@ from pathlib import Path
 
 import torch
 
+from ocria.device import resolve_device
 from ocria.errors import OcriaError, RequestError
 from ocria.manifest import verify_engine
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
@@ -12,22 +13,6 @@ from ocria.models.cache import cache_bytes
 from ocria.runtime.processor import PreparedPrompt, Processor, pixels_from_bytes
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
-
-
-def _device(name: str) -> torch.device:
-    """``cpu``, ``cuda`` or ``cuda:N`` of a GPU that exists; OcriaError naming the problem otherwise."""
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise OcriaError(f"device {name!r}: use cpu, cuda or cuda:N")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise OcriaError(f"device {name!r} requested but no CUDA GPU is available")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise OcriaError(f"device {name!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s)")
-    return device
 
 
 def check_fraction(fraction: float) -> None:
@@ -68,7 +53,7 @@ class Engine:
             raise OcriaError(f"{self.root}: engine directory not found")
         self.manifest = verify_engine(self.root) if verify else {}
         profile = self.manifest.get("profile", {})
-        self.device = _device(device)
+        self.device = resolve_device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
