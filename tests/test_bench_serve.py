@@ -3,18 +3,12 @@ request, the closed and open loops) against fakes, then one sweep against a real
 
 import itertools
 import json
-import os
-import queue
-import re
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from servers import serving
 
 from ocria.bench.serve import (
     Driver,
@@ -37,7 +31,6 @@ from ocria.cli import main
 from ocria.errors import OcriaError
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
-START_TIMEOUT_S = 300
 
 BEFORE = """\
 # HELP ocria_requests_finished_total Finished requests by finish reason
@@ -285,52 +278,15 @@ def test_empty_images_dir_and_unreachable_server_exit_2_with_one_line(images, tm
 # --- end to end against `ocria serve` -------------------------------------------------------------------------
 
 
-def _pump(stream, lines: list, q: queue.Queue) -> None:
-    for line in stream:
-        lines.append(line)
-        q.put(line)
-    q.put(None)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """`ocria serve` on free loopback ports (as tests/test_serving.py starts it); yields its Ports."""
+    """`ocria serve` on free loopback ports; yields its Ports."""
     from ocria.builder.engine import build_engine
-    from ocria.serving.tritonserver import Ports
 
     tmp = tmp_path_factory.mktemp("bench-serve")
     engine = build_engine(tmp / "mini", progress=False)
-    ports = Ports.free()
-    cmd = [sys.executable, "-m", "ocria.cli", "serve", "--engine", str(engine), "--grpc-port", str(ports.grpc),
-           "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--log-file",
-           str(tmp / "tritonserver.log"), "--max-batch", "8", "--ready-timeout", str(START_TIMEOUT_S)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines, q = [], queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, lines, q), daemon=True).start()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S + 30
-        while True:
-            line = q.get(timeout=max(1.0, deadline - time.monotonic()))
-            if line is None:
-                pytest.fail(f"ocria serve exited ({proc.wait()}):\n{''.join(lines)}")
-            if line.startswith("ready:"):
-                break
-        yield ports
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        triton = next((m.group(1) for m in map(re.compile(r"starting tritonserver \(pid (\d+)\)").search, lines)
-                       if m), None)
-        if triton is not None:  # if `ocria serve` had to be killed, its tritonserver is still up
-            try:
-                os.killpg(int(triton), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    with serving(engine, tmp / "tritonserver.log", "--max-batch", "8") as srv:
+        yield srv.ports
 
 
 def test_sweep_against_a_real_server(server, images, tmp_path, capsys):

@@ -4,109 +4,34 @@ free ports; requests go through the `ocria` ensemble over gRPC with tritonclient
 import io
 import json
 import os
-import queue
-import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from servers import serving
 
 from ocria.builder.engine import build_engine
 from ocria.cli import main
 from ocria.serving.client import Client, ServerError, _input, request_inputs
-from ocria.serving.tritonserver import Ports, free_port
+from ocria.serving.tritonserver import free_port
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
-START_TIMEOUT_S = 300
 SAMPLING = dict(temperature=0.9, seed=7, max_tokens=24)
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    ports: Ports
-    engine: Path
-    lines: list
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"127.0.0.1:{self.ports.grpc}"
-
-    def http(self, path: str) -> int:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.http}{path}", timeout=5) as r:
-                return r.status
-        except urllib.error.HTTPError as e:
-            return e.code
-
-    def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.metrics}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line.startswith("ocria_")}
-
-    def triton_pid(self) -> int | None:
-        for line in self.lines:
-            m = re.search(r"starting tritonserver \(pid (\d+)\)", line)
-            if m:
-                return int(m.group(1))
-        return None
-
-
-def _pump(stream, lines: list, q: queue.Queue) -> None:
-    for line in stream:
-        lines.append(line)
-        q.put(line)
-    q.put(None)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     engine = build_engine(tmp / "mini", progress=False)
-    ports = Ports.free()
-    log = tmp / "tritonserver.log"
-    cmd = [sys.executable, "-m", "ocria.cli", "serve", "--engine", str(engine), "--grpc-port", str(ports.grpc),
-           "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--log-file", str(log),
-           "--max-batch", "8", "--ready-timeout", str(START_TIMEOUT_S)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    lines, q = [], queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, lines, q), daemon=True).start()
-    srv = Server(proc, ports, engine, lines, log)
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S + 30
-        while True:
-            line = q.get(timeout=max(1.0, deadline - time.monotonic()))
-            if line is None:
-                pytest.fail(f"ocria serve exited ({proc.wait()}):\n{''.join(lines)}")
-            if line.startswith("ready:"):
-                break
+    with serving(engine, tmp / "tritonserver.log", "--max-batch", "8") as srv:
         yield srv
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        pid = srv.triton_pid()
-        if pid is not None:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ this one: ``build/numpy2-site`` (``.ci/run`` installs it; made here with pip whe
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -20,10 +19,10 @@ from pathlib import Path
 
 import numpy
 import pytest
+from servers import serving
 
 from ocria.builder.engine import build_engine
 from ocria.serving.stub_env import overlay
-from ocria.serving.tritonserver import Ports
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "report.png"
@@ -82,29 +81,15 @@ def test_ocria_serve_from_a_numpy2_environment_reads_every_byte(numpy2_python, n
     want = json.loads(subprocess.run([sys.executable, "-m", "ocria.cli", "run", "--engine", str(engine), "--image",
                                       str(EXAMPLE), "--json", *SAMPLING], capture_output=True, text=True,
                                      check=True, timeout=300).stdout)
-    ports = Ports.free()
-    cmd = [str(numpy2_python), "-m", "ocria.cli", "serve", "--engine", str(engine), "--grpc-port", str(ports.grpc),
-           "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--stub-numpy", str(numpy1_dir),
-           "--log-file", str(tmp_path / "server.log")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        lines = []
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("ready:"):
-                break
-        assert lines and lines[-1].startswith("ready:"), "".join(lines)
-        got = json.loads(subprocess.run([str(numpy2_python), "-m", "ocria.cli", "client", "--url",
-                                         f"127.0.0.1:{ports.grpc}", "--image", str(EXAMPLE), "--json", *SAMPLING],
+    with serving(engine, tmp_path / "server.log", "--stub-numpy", str(numpy1_dir), python=numpy2_python) as server:
+        got = json.loads(subprocess.run([str(numpy2_python), "-m", "ocria.cli", "client", "--url", server.url,
+                                         "--image", str(EXAMPLE), "--json", *SAMPLING],
                                         capture_output=True, text=True, check=True, timeout=300).stdout)
         assert got["text"] == want["text"] and got["token_ids"] == want["token_ids"]
-        prompt = subprocess.run([str(numpy2_python), "-m", "ocria.cli", "client", "--url", f"127.0.0.1:{ports.grpc}",
-                                 "--image", str(EXAMPLE), "--prompt", "Lis ce document, s'il te plaît.", "--stop",
-                                 "##", "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
+        prompt = subprocess.run([str(numpy2_python), "-m", "ocria.cli", "client", "--url", server.url, "--image",
+                                 str(EXAMPLE), "--prompt", "Lis ce document, s'il te plaît.", "--stop", "##",
+                                 "--max-tokens", "4"], capture_output=True, text=True, timeout=300)
         assert prompt.returncode == 0, prompt.stderr  # STRING inputs (instruction, stop words) cross intact too
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
 
 
 def test_the_stub_under_numpy2_never_reports_ready(numpy2_python, engine, tmp_path):
