@@ -322,3 +322,23 @@ def test_serving_commands_are_listed_and_name_a_missing_dependency(tmp_path):
         err = out.stderr.strip()
         assert "\n" not in err and "needs the Python package 'tritonclient'" in err
         assert "pip install 'ocria[serve]'" in err
+
+
+def test_stub_environment_names_the_package_that_cannot_import(tmp_path, monkeypatch):
+    """A package of the environment that breaks under the stub's NumPy < 2 is named, with its root cause, before
+    the server starts (not behind transformers' lazy-import message in the server log)."""
+    from ocria.serving.stub_env import check_imports, overlay
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    broken = tmp_path / "first"
+    (broken / "transformers").mkdir(parents=True)
+    (broken / "transformers" / "__init__.py").write_text(
+        "try:\n    raise ValueError('numpy.dtype size changed: built against NumPy 2')\n"
+        "except ValueError as e:\n    raise ImportError('transformers failed') from e\n")
+    python = overlay(broken) / "python3"
+    with pytest.raises(OcriaError) as err:
+        check_imports(python)
+    text = str(err.value)
+    assert "\n" not in text and "from transformers import" in text
+    assert "ValueError: numpy.dtype size changed: built against NumPy 2" in text
+    check_imports(overlay(tmp_path / "empty") / "python3")  # this environment imports everything

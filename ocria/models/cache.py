@@ -85,11 +85,10 @@ class TargetCache:
         )
 
     def reset(self, slots: Tensor) -> None:
-        """Empty the given slots (a new sequence starts from zero state)."""
-        for t in self.conv_buf + self.ssm:
-            t[slots] = 0
-        for t in (self.kv_len, self.pending_len, self.ring_phase, self.rope_delta):
-            t[slots] = 0
+        """Empty the given slots (a new sequence starts from zero state). ``index_fill_`` writes the zeros with no
+        host-to-device copy, so a CUDA graph can capture it."""
+        for t in (*self.conv_buf, *self.ssm, self.kv_len, self.pending_len, self.ring_phase, self.rope_delta):
+            t.index_fill_(0, slots, 0)
 
     def commit(self, slots: Tensor, accepted: Tensor) -> None:
         """After a verify step: keep ``accepted`` [B] of the step's tokens per slot, drop the rest.
@@ -122,4 +121,4 @@ class DrafterCache:
         )
 
     def reset(self, slots: Tensor) -> None:
-        self.ctx_len[slots] = 0
+        self.ctx_len.index_fill_(0, slots, 0)

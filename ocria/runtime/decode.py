@@ -93,7 +93,7 @@ def prefill_forward(target: OCRiaForConditionalGeneration, drafter: DFlash2Draft
         end = min(start + chunk, length)
         hidden, feats = target.forward_cached(embeds[:, start:end], inputs.positions[:, :, start:end], tcache, slots,
                                               "prefill", capture=capture, attn_len=end)
-        tcache.kv_len[slots] = end
+        tcache.kv_len.index_fill_(0, slots, end)  # a fill, not a host-to-device copy: capturable
         if drafter is not None:
             counts = torch.full((1,), end - start, dtype=torch.long, device=slots.device)
             drafter.append_context(torch.cat(feats, -1), counts, dcache, slots)

@@ -11,6 +11,7 @@ Rows of a bucket beyond the live batch point at a spare ``pad_slot`` whose state
 graph, so padding never touches a live sequence.
 """
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -139,18 +140,25 @@ class PrefillGraphs:
         self.slot = torch.full((1,), pad_slot, dtype=torch.long, device=tcache.kv_len.device)
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, PrefillInputs, Tensor]] = OrderedDict()
         self.seen: set[tuple] = set()
+        self.failed: str | None = None  # why capture failed, if it did (prefill then stays eager)
         self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, slot: int, inputs: PrefillInputs, spec: bool) -> Tensor:
         """Prefill ``inputs`` into ``slot``; returns its last-position logits [1, V] (valid until the next call)."""
         key = (spec, *inputs.key)
         entry = self.graphs.get(key)
-        if entry is None and key not in self.seen:
+        if entry is None and (key not in self.seen or self.failed is not None):
             self.seen.add(key)
             self.slot.fill_(slot)
             return self._forward(inputs, spec)
         if entry is None:
-            entry = self._capture(inputs, spec)
+            try:
+                entry = self._capture(inputs, spec)
+            except RuntimeError as e:  # a kernel this torch cannot capture: prefill stays eager, and says so once
+                self.failed = f"{type(e).__name__}: {e}".splitlines()[0]
+                warnings.warn(f"prefill CUDA graphs are off, every prefill runs eagerly: {self.failed}", stacklevel=2)
+                self.slot.fill_(slot)
+                return self._forward(inputs, spec)
             self.graphs[key] = entry
             if len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)

@@ -118,4 +118,33 @@ def stub_bin(needs_numpy1: bool, numpy1: Path | None, log=print) -> Path:
     bin_dir = overlay(numpy1_directory(numpy1, log))
     if numpy_major(bin_dir / "python3") >= 2:
         raise OcriaError(f"the server's Python environment {bin_dir.parent} still imports NumPy 2: remove it and retry")
+    check_imports(bin_dir / "python3")
     return bin_dir
+
+
+# What the ocria models import in the stub: checked up front, so a package that cannot live with NumPy < 2 is named
+# here, not hidden behind transformers' lazy-import message in the server log.
+MODEL_IMPORTS = ("import torch", "from transformers import AutoTokenizer, Qwen2VLImageProcessorPil",
+                 "import ocria.runtime", "import ocria.serving.protocol")
+_IMPORT_CHECK = """
+import sys
+for statement in sys.argv[1:]:
+    try:
+        exec(statement)
+    except Exception as e:
+        root = e
+        while root.__cause__ or root.__context__:
+            root = root.__cause__ or root.__context__
+        print(f"{statement}: {type(root).__name__}: {root}")
+        sys.exit(1)
+"""
+
+
+def check_imports(python: Path) -> None:
+    """One-line OcriaError naming the first model import that fails in ``python``, with its root cause."""
+    out = subprocess.run([str(python), "-c", _IMPORT_CHECK, *MODEL_IMPORTS], capture_output=True, text=True,
+                         timeout=300)
+    if out.returncode != 0:
+        reason = " ".join(out.stdout.split()) or (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise OcriaError(f"the server's Python environment ({python.parent.parent}: NumPy < 2, then this "
+                         f"environment's packages) cannot import what the models need: {reason}")
