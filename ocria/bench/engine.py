@@ -1092,15 +1092,21 @@ def _fmt(value, spec: str, width: int) -> str:
     return f"{value:{width}{spec}}" if value is not None else f"{'-':>{width}}"
 
 
+def _row_parts(row: dict) -> tuple[int | None, bool | None, str]:
+    """(launches per step, the spec == ar check, the forced table's source) of a result row."""
+    launches = row["launches"]["launches_per_step"] if row["launches"] else None
+    table = f"{row['table_source']} ({row['oracle_passes']} passes)" if row["table_source"] else ""
+    return launches, row["spec_equals_ar"], table
+
+
 def row_line(row: dict) -> str:
     """One row as printed while the run goes."""
-    launches = row["launches"]["launches_per_step"] if row["launches"] else None
-    check = {None: "", True: "  spec==ar ok", False: "  spec==ar VIOLATED"}[row["spec_equals_ar"]]
-    table = f"  table {row['table_source']} ({row['oracle_passes']} passes)" if row["table_source"] else ""
+    launches, same, table = _row_parts(row)
+    check = {None: "", True: "  spec==ar ok", False: "  spec==ar VIOLATED"}[same]
     return (f"B={row['batch']:3d} {row['mode']:7s} step {row['step_ms']:8.3f} ms  host "
             f"{_fmt(row['host_ms_per_step'], '.3f', 6)} ms  tau {row['mean_acceptance_length']:5.2f}  "
             f"{row['tokens_per_s']:9.1f} tok/s  roofline {_fmt(row['roofline_fraction'], '.2f', 4)}  "
-            f"launches {_fmt(launches, 'd', 3)}{check}{table}")
+            f"launches {_fmt(launches, 'd', 3)}{check}{'  table ' + table if table else ''}")
 
 
 def print_table(result: dict) -> None:
@@ -1108,9 +1114,8 @@ def print_table(result: dict) -> None:
     print(f"\n{'batch':>5} {'mode':>8} {'ms/step':>9} {'host ms':>8} {'tok/s':>10} {'accept':>6} {'nominal':>10} "
           f"{'roofline':>8} {'launches':>8} {'spec==ar':>8}  table")
     for r in result["runs"]:
-        launches = r["launches"]["launches_per_step"] if r["launches"] else None
-        check = {None: "-", True: "ok", False: "VIOLATED"}[r["spec_equals_ar"]]
-        table = f"{r['table_source']} ({r['oracle_passes']} passes)" if r["table_source"] else ""
+        launches, same, table = _row_parts(r)
+        check = {None: "-", True: "ok", False: "VIOLATED"}[same]
         print(f"{r['batch']:5d} {r['mode']:>8} {r['step_ms']:9.3f} {_fmt(r['host_ms_per_step'], '.3f', 8)} "
               f"{r['tokens_per_s']:10.1f} {r['mean_acceptance_length']:6.2f} "
               f"{_fmt(r['tokens_per_s_nominal'], '.1f', 10)} {_fmt(r['roofline_fraction'], '.2f', 8)} "
