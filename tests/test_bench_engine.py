@@ -48,6 +48,10 @@ def test_bench_engine_on_cpu_writes_rows_checks_and_plot(mini, small_page, tmp_p
     assert all(r["oracle_converged"] and r["oracle_passes"] >= 1 for r in forced)
     # GPU-only measurements are null on CPU, not made up
     assert result["copy_bandwidth_GBps"] is None and result["fp32_check"] is None
+    first = result["prefill"]  # the offline time to first token; the graph replay and its check are CUDA's
+    assert first["prompt_tokens"] == result["prompt_tokens"] and first["prepare_ms"] > 0
+    assert first["prefill_graph_ms"] is None and first["graph_equals_eager"] is None
+    assert first["ttft_offline_ms"] == first["prepare_ms"] + first["prefill_eager_ms"] + first["sample_ms"]
     assert all(r["launches"] is None and r["roofline_fraction"] is None and r["host_ms_per_step"] is None
                for r in runs)
     assert all(r["step_bytes"] > 0 for r in runs)

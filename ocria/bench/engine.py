@@ -362,13 +362,18 @@ def default_page(max_pixels: int | None):
     return page
 
 
-def prepare_prompt(cfg: BenchConfig, models: Models) -> PreparedPrompt:
-    """The document prompt every row prefills: ``--image``, or the default page as PNG bytes."""
+def document(cfg: BenchConfig, models: Models) -> bytes:
+    """The document every row prefills, encoded: ``--image``, or the default page as PNG."""
     if cfg.image is not None:
-        return models.processor.prepare(cfg.image)
+        return cfg.image.read_bytes()
     buf = io.BytesIO()
     default_page(models.max_pixels).save(buf, format="PNG")
-    return models.processor.prepare(buf.getvalue())
+    return buf.getvalue()
+
+
+def prepare_prompt(cfg: BenchConfig, models: Models) -> PreparedPrompt:
+    """The document prompt every row prefills."""
+    return models.processor.prepare(document(cfg, models))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1237,6 +1242,13 @@ def bench(cfg: BenchConfig) -> int:
     if cfg.fp32_check and cfg.spec_modes:
         result["fp32_check"] = fp32_check(cfg, prompt, result)
         ok &= result["fp32_check"]
+    from ocria.bench.prefill import measure_prefill
+
+    result["prefill"] = first = measure_prefill(models, document(cfg, models), PREFILL_CHUNK)
+    print(f"before the first token: prepare {first['prepare_ms']:.2f} ms, prefill {first['prefill_eager_ms']:.2f} ms "
+          f"eager / {_fmt(first['prefill_graph_ms'], '.2f', 0)} ms graph (equal: {first['graph_equals_eager']}), "
+          f"offline TTFT {first['ttft_offline_ms']:.2f} ms", flush=True)
+    ok &= first["graph_equals_eager"] is not False
     if cfg.profile:
         prof = profile_steps(models, prompt)
         result["profile_ar_b1"], result["profile_oracle_b1"] = prof["ar"], prof["oracle"]
