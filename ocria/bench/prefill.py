@@ -45,15 +45,11 @@ def measure_prefill(models, image: bytes, chunk: int) -> dict:
     from ocria.models import DrafterCache, TargetCache
     from ocria.runtime.decode import prefill_forward, prefill_inputs
     from ocria.runtime.graphs import PrefillGraphs
-    from ocria.runtime.processor import pixels_from_bytes
     from ocria.runtime.sampling import sample
 
     target, drafter, proc, device = models.target, models.drafter, models.processor, models.device
     prepare_ms = median_ms(lambda: proc.prepare(image, as_bytes=True), torch.device("cpu"))
-    prompt = proc.prepare(image, as_bytes=True)
-    table = proc.byte_table.to(device)
-    pixels = pixels_from_bytes(prompt.pixel_values.to(device), table)
-    inputs = prefill_inputs(target, type(prompt)(prompt.input_ids, pixels, prompt.image_grid_thw), device)
+    inputs = prefill_inputs(target, proc.on_device(proc.prepare(image, as_bytes=True), device), device)
     block = drafter.config.block_size if drafter is not None else 1
     length = inputs.ids.shape[1] + block
     tcache = TargetCache.allocate(target.text_config, 2, length, block, models.dtype, device)

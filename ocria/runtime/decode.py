@@ -64,7 +64,7 @@ class PrefillInputs:
 def prefill_inputs(target: OCRiaForConditionalGeneration, prompt: PreparedPrompt,
                    device: torch.device) -> PrefillInputs:
     """Check a prompt's image tokens against its image and lay it out for ``prefill_forward`` on ``device``
-    (pixel values already on the device, as ``Engine.on_device`` gives them, stay where they are)."""
+    (pixel values already on the device, as ``Processor.on_device`` gives them, stay where they are)."""
     ids, grid = prompt.input_ids[None], prompt.image_grid_thw
     if grid is not None:
         grid = grid.cpu()

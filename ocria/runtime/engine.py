@@ -10,7 +10,7 @@ from ocria.errors import OcriaError, RequestError
 from ocria.manifest import verify_engine
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
 from ocria.models.cache import cache_bytes
-from ocria.runtime.processor import PreparedPrompt, Processor, pixels_from_bytes
+from ocria.runtime.processor import PreparedPrompt, Processor
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
 
@@ -62,7 +62,6 @@ class Engine:
         self.max_seq_len = int(profile.get("max_seq_len", 2048))
         self.prefill_chunk = int(profile.get("prefill_chunk", 512))
         self.processor = Processor.from_engine_dir(self.root, int(profile.get("max_image_pixels", 1 << 20)))
-        self._byte_table: torch.Tensor | None = None
         self.target = load_target(self.root / "target", self.dtype, str(self.device))
         self.target.set_plugins(use_plugins)
         self.target.text.fuse_projections()
@@ -104,17 +103,6 @@ class Engine:
                                f"[0, {vocab})")
         if params.mode == "spec" and self.drafter is None:
             raise RequestError("mode 'spec' needs a drafter, and this engine has none")
-
-    def on_device(self, prompt: PreparedPrompt) -> PreparedPrompt:
-        """The prompt's pixels as float values on this engine's device; uint8 patch bytes
-        (``Processor.prepare(as_bytes=True)``, a quarter of the bytes to move) are turned into exactly the values
-        of ``as_bytes=False`` by the image processor's per-channel table, on the device."""
-        pixels = prompt.pixel_values
-        if pixels.dtype == torch.uint8:
-            if self._byte_table is None:
-                self._byte_table = self.processor.byte_table.to(self.device)
-            pixels = pixels_from_bytes(pixels.to(self.device, non_blocking=True), self._byte_table)
-        return PreparedPrompt(prompt.input_ids, pixels, prompt.image_grid_thw)
 
     def scheduler(self, max_batch_size: int | None = None) -> Scheduler:
         return Scheduler(self, max_batch_size)

@@ -44,6 +44,7 @@ class Processor:
         self.merge = self.image_processor.merge_size
         ip = self.image_processor
         self.patch_dim = 3 * ip.temporal_patch_size * ip.patch_size**2  # one RGB patch's values, flattened
+        self._device_tables: dict[torch.device, torch.Tensor] = {}  # byte_table per device (on_device)
 
     @classmethod
     def from_engine_dir(cls, engine_dir: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> "Processor":
@@ -101,6 +102,18 @@ class Processor:
         frames = np.broadcast_to(blocks[:, :, :, :, :, None], (*blocks.shape[:5], tp, p, p))  # the image, Tp times
         patches = np.ascontiguousarray(frames).reshape(gh * gw, -1)
         return torch.from_numpy(patches), torch.tensor([[1, gh, gw]], dtype=torch.long)
+
+    def on_device(self, prompt: PreparedPrompt, device: torch.device) -> PreparedPrompt:
+        """The prompt's pixels as float values on ``device``: uint8 patch bytes (``prepare(as_bytes=True)``, a
+        quarter of the bytes to move) become exactly the values of ``as_bytes=False`` through ``byte_table``, on the
+        device (the table is copied there once per device)."""
+        pixels = prompt.pixel_values
+        if pixels is not None and pixels.dtype == torch.uint8:
+            table = self._device_tables.get(device)
+            if table is None:
+                table = self._device_tables[device] = self.byte_table.to(device)
+            pixels = pixels_from_bytes(pixels.to(device, non_blocking=True), table)
+        return PreparedPrompt(prompt.input_ids, pixels, prompt.image_grid_thw)
 
     @cached_property
     def byte_table(self) -> torch.Tensor:

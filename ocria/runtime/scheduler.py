@@ -154,7 +154,7 @@ class Scheduler:
         req.slot = self.free.pop()
         self.running[req.rid] = req
         spec = req.params.mode == "spec" and engine.drafter is not None
-        inputs = prefill_inputs(engine.target, engine.on_device(req.prompt), engine.device)
+        inputs = prefill_inputs(engine.target, engine.processor.on_device(req.prompt, engine.device), engine.device)
         if self.prefill_graphs is not None:
             logits = self.prefill_graphs(req.slot, inputs, spec)
         else:
