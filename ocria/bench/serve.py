@@ -142,7 +142,7 @@ class TritonBackend:
         import tritonclient.grpc as grpcclient
         from tritonclient.utils import InferenceServerException
 
-        from ocria.serving.protocol import ENSEMBLE
+        from ocria.serving import ENSEMBLE
 
         timeout = min(self.timeout_s, 10.0)
         try:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ocria.errors import OcriaError
-from ocria.serving.protocol import ENSEMBLE, PERF_OUTPUTS
+from ocria.serving import ENSEMBLE
+from ocria.serving.protocol import PERF_OUTPUTS
 
 
 class ServerError(OcriaError):

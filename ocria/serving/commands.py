@@ -14,8 +14,7 @@ from pathlib import Path
 
 from ocria.deps import require
 from ocria.errors import OcriaError
-
-ENSEMBLE = "ocria"  # ocria.serving.protocol.ENSEMBLE, without importing torch to build the parser
+from ocria.serving import ENSEMBLE
 
 
 def _instances(value: str) -> int:

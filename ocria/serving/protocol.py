@@ -22,8 +22,6 @@ import torch
 from ocria.errors import RequestError
 from ocria.runtime import SamplingParams
 
-ENSEMBLE = "ocria"
-ENGINE = "ocria_engine"
 PERF_OUTPUTS = ("acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens", "first_token_time_ns",
                 "last_token_time_ns")
 FINISH_REASONS = ("", "stop", "length", "cancelled")  # index = Meta.FINISH_REASON code

@@ -17,7 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 from ocria.errors import OcriaError
 from ocria.runtime import PreparedPrompt, load_engine
-from ocria.serving import protocol, tensors
+from ocria.serving import ENSEMBLE, protocol, tensors
 from ocria.serving.engine_loop import EngineLoop, EngineUnavailable
 from ocria.serving.metrics import ServingMetrics
 from ocria.serving.protocol import FINISH_REASONS, Meta
@@ -146,7 +146,7 @@ class TritonPythonModel:
         arrays = {n: get(n) for n in ("input_ids", "pixel_bytes", "image_grid_thw")}
         missing = [n for n, a in arrays.items() if a is None]
         if missing:
-            raise OcriaError(f"missing inputs {missing}: send requests to the '{protocol.ENSEMBLE}' model")
+            raise OcriaError(f"missing inputs {missing}: send requests to the '{ENSEMBLE}' model")
         ids, pixels, grid = (protocol.batch_of_one(a, n) for n, a in arrays.items())
         if ids.numel() == 0 or pixels.numel() == 0 or grid.numel() != 3 or pixels.dim() != 2:
             raise OcriaError("empty or malformed prompt or image inputs")

@@ -14,7 +14,7 @@ import json
 import torch
 import triton_python_backend_utils as pb_utils
 
-from ocria.serving import protocol, tensors
+from ocria.serving import ENGINE, tensors
 from ocria.serving.protocol import FINISH_REASONS, Meta
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -64,7 +64,7 @@ class TritonPythonModel:
     @staticmethod
     def _cancel_engine(key: int) -> None:
         cancel = pb_utils.InferenceRequest(
-            model_name=protocol.ENGINE, requested_output_names=[],
+            model_name=ENGINE, requested_output_names=[],
             inputs=[tensors.output(pb_utils, "cancel_key", torch.tensor([[key]], dtype=torch.uint64))])
         for response in cancel.exec(decoupled=True):
             if response.has_error():
