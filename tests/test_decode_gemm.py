@@ -311,3 +311,20 @@ def test_widen_e4m3_decodes_every_byte_as_torch():
     want = b.view(torch.float8_e4m3fn).float()
     assert torch.equal(y.isnan(), want.isnan()) and int(want.isnan().sum()) == 2
     assert torch.equal(y[~want.isnan()].view(torch.int32), want[~want.isnan()].view(torch.int32))  # -0.0 too
+
+
+def test_split_k_workspace_outlives_its_growth():
+    """A CUDA graph captured with a workspace keeps writing to it when replayed: growing the workspace must leave
+    the old one allocated (freed, it would be another tensor's memory by the replay)."""
+    import gc
+    import weakref
+
+    from ocria.plugins.splitk import _SCRATCH, scratch
+
+    dev = torch.device("cpu")
+    ws, counters = scratch(dev, 64, 4)
+    old = weakref.ref(ws), weakref.ref(counters)
+    del ws, counters
+    grown, _ = scratch(dev, _SCRATCH[dev][0].numel() + 64, 8)
+    gc.collect()
+    assert grown.numel() > 64 and all(ref() is not None for ref in old)

@@ -12,6 +12,9 @@ import triton.language as tl
 from torch import Tensor
 
 _SCRATCH: dict[torch.device, tuple[Tensor, Tensor]] = {}
+# Every workspace ever handed out stays allocated: a CUDA graph captured with an outgrown one still writes to it
+# when replayed, and freed memory would be another tensor's by then.
+_OUTGROWN: list[tuple[Tensor, Tensor]] = []
 
 
 def scratch(device: torch.device, ws_elems: int, counters: int) -> tuple[Tensor, Tensor]:
@@ -19,6 +22,8 @@ def scratch(device: torch.device, ws_elems: int, counters: int) -> tuple[Tensor,
     grown when a call needs more. Allocated on the first eager call, before any CUDA graph captures it."""
     ws, count = _SCRATCH.get(device, (None, None))
     if ws is None or ws.numel() < ws_elems or count.numel() < counters:
+        if ws is not None:
+            _OUTGROWN.append((ws, count))
         ws = torch.empty(max(ws_elems, 0 if ws is None else ws.numel()), dtype=torch.float32, device=device)
         count = torch.zeros(max(counters, 0 if count is None else count.numel()), dtype=torch.int32, device=device)
         _SCRATCH[device] = ws, count
