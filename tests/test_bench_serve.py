@@ -46,6 +46,11 @@ ocria_batch_size_bucket{model="ocria_engine",le="+Inf"} 10
 ocria_time_to_first_token_seconds_count{model="ocria_engine"} 4
 ocria_time_to_first_token_seconds_sum{model="ocria_engine"} 0.8
 nv_inference_count{model="ocria",version="1"} 4
+ocria_engine_busy_seconds_total{model="ocria_engine",stage="prefill"} 1.0
+ocria_engine_busy_seconds_total{model="ocria_engine",stage="decode"} 2.0
+nv_inference_request_success{model="preprocessing",version="1"} 4
+nv_inference_compute_infer_duration_us{model="preprocessing",version="1"} 40000
+nv_inference_queue_duration_us{model="preprocessing",version="1"} 400
 """
 
 AFTER = """\
@@ -63,6 +68,11 @@ ocria_time_to_first_token_seconds_sum{model="ocria_engine"} 2.0
 ocria_acceptance_length_count{model="ocria_engine"} 0
 ocria_acceptance_length_sum{model="ocria_engine"} 0
 nv_inference_count{model="ocria",version="1"} 10 1700000000000
+ocria_engine_busy_seconds_total{model="ocria_engine",stage="prefill"} 4.0
+ocria_engine_busy_seconds_total{model="ocria_engine",stage="decode"} 3.0
+nv_inference_request_success{model="preprocessing",version="1"} 14
+nv_inference_compute_infer_duration_us{model="preprocessing",version="1"} 190000
+nv_inference_queue_duration_us{model="preprocessing",version="1"} 5400
 a_line that does not parse
 """
 
@@ -98,8 +108,13 @@ def test_diff_of_counters_and_histogram_means():
     # families missing from either scrape, or with no new observations, are null rather than zero
     assert stats.mean_acceptance_length is None  # only in `after`
     assert stats.mean_inter_token_s is None and stats.draft_tokens_proposed is None
+    assert stats.engine_busy is None  # no window length given
+    timed = server_stats(before, after, wall_s=4.0)
+    assert timed.engine_busy == pytest.approx({"prefill": 0.75, "decode": 0.25})  # (4-1)/4, (3-2)/4
+    assert timed.preprocess_ms == pytest.approx(15.0) and timed.preprocess_queue_ms == pytest.approx(0.5)
     empty = server_stats(parse_prometheus(""), parse_prometheus(""))
     assert empty.generated_tokens is None and empty.mean_batch_size is None and empty.finished is None
+    assert empty.engine_busy is None and empty.preprocess_ms is None
 
 
 def test_metrics_url_defaults_to_port_8002_of_the_grpc_host():

@@ -11,7 +11,9 @@ with text or tokens), end-to-end latency, inter-token latency (the time between 
 the later one; streaming only) and tokens per request. Tokens are counted from the token ids the server sends; a
 server that sends none gives null token numbers, never estimates. Server side, from its Prometheus metrics scraped
 at the start and the end of the counted window: generated tokens, mean engine batch size, mean server TTFT, mean
-acceptance length and requests finished by reason (null for any family the server does not export). The server's
+acceptance length, requests finished by reason, the share of the window the engine loop spent prefilling and
+decoding, and the preprocessing model's compute and queue time per request (null for any family the server does not
+export): where a server's time goes, stage by stage. The server's
 numbers cover the scrape window, so they include warmup requests still running when it opens (with ``--warmup 0``
 they match the client's requests exactly).
 
@@ -583,14 +585,25 @@ class ServerStats:
     draft_tokens_proposed: int | None
     draft_tokens_accepted: int | None
     finished: dict[str, int] | None
+    engine_busy: dict[str, float] | None = None  # share of the window's wall time the engine loop spent per stage
+    preprocess_ms: float | None = None  # Triton's compute time per request of the preprocessing model
+    preprocess_queue_ms: float | None = None  # and its queue time per request
 
 
-def server_stats(before: Scrape, after: Scrape) -> ServerStats:
-    """The ``ocria_*`` metrics' growth between two scrapes.
+def _per_request_ms(before: Scrape, after: Scrape, name: str, model: str) -> float | None:
+    """Triton's microsecond counter ``name`` of ``model`` per successful request of it, in milliseconds."""
+    us = counter_delta(before, after, name, model=model)
+    n = counter_delta(before, after, "nv_inference_request_success", model=model)
+    return None if us is None or not n else us / n / 1e3
+
+
+def server_stats(before: Scrape, after: Scrape, wall_s: float | None = None) -> ServerStats:
+    """The ``ocria_*`` metrics' growth between two scrapes, and Triton's own for the preprocessing model.
 
     Args:
         before: the scrape at the start of the counted window.
         after: the scrape at its end.
+        wall_s: seconds between the scrapes (engine_busy is None without it).
     Returns:
         The stats.
     """
@@ -602,6 +615,11 @@ def server_stats(before: Scrape, after: Scrape) -> ServerStats:
     if after.total("ocria_requests_finished_total") is not None:
         reasons = sorted({lab.get("reason", "") for lab, _ in after.series["ocria_requests_finished_total"]})
         finished = {r: count("ocria_requests_finished_total", reason=r) for r in reasons}
+    busy = None
+    if wall_s and after.total("ocria_engine_busy_seconds_total") is not None:
+        stages = sorted({lab.get("stage", "") for lab, _ in after.series["ocria_engine_busy_seconds_total"]})
+        seconds = {st: counter_delta(before, after, "ocria_engine_busy_seconds_total", stage=st) for st in stages}
+        busy = {st: v / wall_s for st, v in seconds.items() if v is not None} or None
     return ServerStats(
         generated_tokens=count("ocria_generated_tokens_total"),
         mean_batch_size=histogram_mean(before, after, "ocria_batch_size"),
@@ -610,7 +628,9 @@ def server_stats(before: Scrape, after: Scrape) -> ServerStats:
         mean_acceptance_length=histogram_mean(before, after, "ocria_acceptance_length"),
         draft_tokens_proposed=count("ocria_draft_tokens_proposed_total"),
         draft_tokens_accepted=count("ocria_draft_tokens_accepted_total"),
-        finished=finished)
+        finished=finished, engine_busy=busy,
+        preprocess_ms=_per_request_ms(before, after, "nv_inference_compute_infer_duration_us", "preprocessing"),
+        preprocess_queue_ms=_per_request_ms(before, after, "nv_inference_queue_duration_us", "preprocessing"))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -725,7 +745,8 @@ def run_point(config: BenchConfig, load: Load, make_backend: BackendFactory, ima
         raise
     now = time.perf_counter()
     after = _try_scrape(config.metrics_url, log) if before is not None else None
-    server = server_stats(before, after) if before is not None and after is not None else None
+    server = (server_stats(before, after, now - window.measure_start) if before is not None and after is not None
+              else None)
     cap = config.max_concurrency if load.request_rate is not None else None
     return point_result(load, cap, samples, window.measure_start, now, server)
 
@@ -756,7 +777,7 @@ def _pair(summary: Summary | None, scale: float, digits: int) -> str:
 
 TABLE_COLUMNS = (("load", 12), ("done", 6), ("err", 5), ("req/s", 8), ("out tok/s", 10), ("TTFT p50/p99 ms", 16),
                  ("E2E p50/p99 s", 14), ("ITL p50 ms", 11), ("tok/req", 8), ("batch", 6), ("accept", 7),
-                 ("srv TTFT ms", 12))
+                 ("srv TTFT ms", 12), ("prefill/decode busy", 20), ("pre ms", 7))
 
 
 def table_row(p: PointResult) -> list[str]:
@@ -773,7 +794,13 @@ def table_row(p: PointResult) -> list[str]:
             _fmt(p.output_tokens_per_s), _pair(p.ttft_s, 1e3, 1), _pair(p.latency_s, 1.0, 2),
             _fmt(p.itl_s.p50 if p.itl_s else None, 1e3, 2), _fmt(p.mean_tokens_per_request),
             _fmt(s.mean_batch_size if s else None, digits=2), _fmt(s.mean_acceptance_length if s else None, digits=2),
-            _fmt(s.mean_ttft_s if s else None, 1e3, 1)]
+            _fmt(s.mean_ttft_s if s else None, 1e3, 1), _busy(s), _fmt(s.preprocess_ms if s else None, digits=2)]
+
+
+def _busy(s: ServerStats | None) -> str:
+    if s is None or not s.engine_busy:
+        return "-"
+    return "/".join(f"{s.engine_busy.get(stage, 0.0):.0%}" for stage in ("prefill", "decode"))
 
 
 def format_table(points: Sequence[PointResult]) -> str:

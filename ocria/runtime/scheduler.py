@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
 from ocria.models import DrafterCache, TargetCache
 from ocria.plugins.switch import invariance_enabled
@@ -87,6 +88,8 @@ class Scheduler:
         self.running: dict[int, _Request] = {}
         self.cancelled: set[int] = set()
         self.next_id = 0
+        # wall seconds spent in each stage of step(), results back on the host: where a server's time goes
+        self.stage_seconds = {"prefill": 0.0, "decode": 0.0}
 
     @property
     def num_running(self) -> int:
@@ -114,12 +117,24 @@ class Scheduler:
 
     def step(self) -> list[Event]:
         events = self._drop_cancelled()
+        start = time.perf_counter()
+        admitted = []
         while self.waiting and self.free:
-            events += self._admit(self.waiting.popleft())
+            admitted.append(self._admit(self.waiting.popleft()))
+        if admitted:  # one host sync for every first token: a prefill's host work overlaps earlier prefills
+            firsts = torch.cat([token for _, token in admitted]).tolist()
+            events += [self._emit(req, [token], len(self.running)) for (req, _), token in zip(admitted, firsts)]
+            now = time.perf_counter()
+            self.stage_seconds["prefill"] += now - start
+            start = now
+        decoded = False
         for mode in ("spec", "ar"):
             rows = [r for r in self.running.values() if r.params.mode == mode]
             if rows:
                 events += self._decode(rows, spec=mode == "spec")
+                decoded = True
+        if decoded:
+            self.stage_seconds["decode"] += time.perf_counter() - start
         return events
 
     def _drop_cancelled(self) -> list[Event]:
@@ -149,7 +164,9 @@ class Scheduler:
             seed=torch.tensor([r.params.seed64 for r in rows], dtype=torch.long, device=dev),
         )
 
-    def _admit(self, req: _Request) -> list[Event]:
+    def _admit(self, req: _Request) -> tuple[_Request, Tensor]:
+        """Prefill a waiting request into a free slot; returns it with its first token [1], still on the device
+        (sampled before the next prefill reuses the graph's logits buffer)."""
         engine = self.engine
         req.slot = self.free.pop()
         self.running[req.rid] = req
@@ -164,8 +181,7 @@ class Scheduler:
         req.length = req.prompt.input_ids.numel()
         p = self._sampling([req])
         pos = torch.tensor([req.length], device=engine.device)
-        token = int(sample(logits, p.temperature, p.top_p, p.top_k, p.seed, pos)[0])
-        return [self._emit(req, [token], len(self.running))]
+        return req, sample(logits, p.temperature, p.top_p, p.top_k, p.seed, pos, req.params.temperature == 0)
 
     def _decode(self, rows: list[_Request], spec: bool) -> list[Event]:
         engine = self.engine

@@ -46,6 +46,8 @@ class LoopObserver:
 
     def finished(self, stats: GenerationStats | None, reason: str | None) -> None: ...
 
+    def busy(self, stage: str, seconds: float) -> None: ...
+
 
 @dataclass
 class _Open:
@@ -76,6 +78,8 @@ class EngineLoop:
         self._sender: threading.Thread | None = None
         self.error: str | None = None
         self.max_batch_seen = 0
+        self._busy_reported: dict[str, float] = {}  # Scheduler.stage_seconds as last reported to the observer
+        self._busy_report_at = 0.0
 
     @property
     def alive(self) -> bool:
@@ -181,6 +185,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         events = self.scheduler.step()
+        self._report_busy()
         batch = len({ev.request_id for ev in events if ev.finish_reason != "cancelled"})
         if batch:
             self.max_batch_seen = max(self.max_batch_seen, batch)
@@ -203,6 +208,19 @@ class EngineLoop:
                 del self._open[key], self._by_rid[ev.request_id]
                 self.observer.finished(ev.stats, ev.finish_reason)
             self._outbox.put((req.sink, ev, None))
+
+    def _report_busy(self, every_s: float = 0.5) -> None:
+        """The scheduler's time per stage since the last report, at most every ``every_s`` seconds (an observer's
+        metric call can be a round trip to the server process: once per step would slow the loop it measures)."""
+        now = time.perf_counter()
+        if now - self._busy_report_at < every_s:
+            return
+        self._busy_report_at = now
+        for stage, seconds in self.scheduler.stage_seconds.items():
+            grown = seconds - self._busy_reported.get(stage, 0.0)
+            if grown > 0:
+                self.observer.busy(stage, grown)
+                self._busy_reported[stage] = seconds
 
     def _finish_with_error(self, key: int, message: str) -> None:
         req = self._open.pop(key)

@@ -14,6 +14,7 @@ LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ACCEPTANCE_BUCKETS = [1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0]
 BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
+ENGINE_STAGES = ("prefill", "decode")  # Scheduler.stage_seconds
 
 
 class ServingMetrics(LoopObserver):
@@ -45,6 +46,9 @@ class ServingMetrics(LoopObserver):
                           mf.HISTOGRAM).Metric(labels=labels, buckets=LATENCY_BUCKETS)
         self.batch = family("ocria_batch_size", "Requests in each scheduler step",
                             mf.HISTOGRAM).Metric(labels=labels, buckets=BATCH_BUCKETS)
+        busy = family("ocria_engine_busy_seconds_total", "Engine loop wall time by stage (prefill: admitting "
+                      "requests up to their first token; decode: decode steps)", mf.COUNTER)
+        self.busy_by = {stage: busy.Metric(labels={**labels, "stage": stage}) for stage in ENGINE_STAGES}
 
     def submitted(self) -> None:
         self.in_flight.increment(1)
@@ -68,3 +72,6 @@ class ServingMetrics(LoopObserver):
             self.accepted.increment(stats.num_accepted_draft_tokens)
             if stats.num_steps:
                 self.acceptance.observe(stats.acceptance_length)
+
+    def busy(self, stage: str, seconds: float) -> None:
+        self.busy_by[stage].increment(seconds)
