@@ -68,6 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plugins = {"auto": None, "on": True, "off": False}[args.plugins]
     engine = load_engine(args.engine, device=args.device, use_plugins=plugins,
                          gpu_memory_fraction=args.gpu_memory_fraction)
+    resize = engine.processor.resize_of(Path(args.image))  # what the model sees: a page is resized to its budget
     text, ids, final = [], [], None
     for event in engine.generate(Path(args.image), args.prompt, params):
         text.append(event.text)
@@ -82,7 +83,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                           "finish_reason": final.finish_reason, "mode": s.mode, "plugins": s.plugins,
                           "batch_invariant": s.batch_invariant,
                           "num_draft_tokens": s.num_draft_tokens,
-                          "num_accepted_draft_tokens": s.num_accepted_draft_tokens}))
+                          "num_accepted_draft_tokens": s.num_accepted_draft_tokens,
+                          "image": {"size": list(resize.original), "resized": list(resize.resized)}}))
     else:
         print()
     return 0

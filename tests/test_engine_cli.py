@@ -119,14 +119,17 @@ def test_train_eval_measures_a_built_engine(engine_dir, tmp_path, capsys):
     from ocria.train.__main__ import main as train_main
 
     out = tmp_path / "eval.json"
-    args = ["eval", "--engine", str(engine_dir), "--docs", "2", "--max-tokens", "16", "--out", str(out)]
+    args = ["eval", "--engine", str(engine_dir), "--docs", "2", "--max-tokens", "16", "--splits", "classic",
+            "independent", "--out", str(out)]
     assert train_main(args) == 0
     result = json.loads(out.read_text())
-    assert result["docs"] == 2 and result["device"] == "cpu" and 0 <= result["cer_ar"]
-    assert result["cer_ar"] == sum(result["edits_ar"]) / sum(result["chars"])  # per document, summed as the CER
-    assert result["exact_docs_ar"] == result["edits_ar"].count(0)
-    for setting in ("selector_on", "selector_off"):
-        assert result[setting]["spec_equals_ar"] and result[setting]["docs_differing"] == 0
+    assert result["device"] == "cpu" and sorted(result["splits"]) == ["classic", "independent"]
+    for split in result["splits"].values():
+        assert split["docs"] == 2 and 0 <= split["cer_ar"]
+        assert split["cer_ar"] == sum(split["edits_ar"]) / sum(split["chars"])  # per document, summed as the CER
+        assert split["exact_docs_ar"] == split["edits_ar"].count(0)
+        for setting in ("selector_on", "selector_off"):
+            assert split[setting]["spec_equals_ar"] and split[setting]["docs_differing"] == 0
     capsys.readouterr()
     assert train_main(["eval", "--engine", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
@@ -136,13 +139,13 @@ def test_train_eval_measures_a_built_engine(engine_dir, tmp_path, capsys):
 def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     (tmp / "notimage.png").write_text("hello, I am text")
     (tmp / "empty.png").write_bytes(b"")
-    Image.new("RGB", (1024, 1024), "white").save(tmp / "huge.png")
+    Image.new("RGB", (1, 300), "white").save(tmp / "strip.png")
     Image.new("RGB", (4, 5000), "white").save(tmp / "thin.png")
     return {
         "missing": (["--image", str(tmp / "nope.png")], "image file not found"),
         "not_image": (["--image", str(tmp / "notimage.png")], "not a readable image"),
         "empty": (["--image", str(tmp / "empty.png")], "image is empty"),
-        "too_big": (["--image", str(tmp / "huge.png")], "over the limit of 262144"),
+        "strip": (["--image", str(tmp / "strip.png")], "aspect ratio 300 is over 200"),
         "max_tokens_0": (["--max-tokens", "0"], "max_tokens must be a positive integer"),
         "max_tokens_big": (["--max-tokens", "100000"], "beyond what fits"),
         "max_tokens_negative": (["--max-tokens", "-5"], "max_tokens must be a positive integer"),

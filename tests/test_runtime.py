@@ -2,6 +2,8 @@
 
 import inspect
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,9 @@ from ocria.plugins.switch import batch_invariant, batch_invariant_rows
 from ocria.runtime import IncrementalDetokenizer, SamplingParams, load_engine
 from ocria.runtime.decode import prefill
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.png"))
+REPO = Path(__file__).parent.parent
+ASSETS = REPO / "ocria" / "assets" / "ocria-mini"
+EXAMPLES = sorted((REPO / "examples").glob("*.png"))
 
 
 @pytest.fixture(scope="module")
@@ -253,15 +257,52 @@ def test_decode_steps_run_the_target_batch_invariant(engine, monkeypatch):
                                        ((511, 513), "noise"), ((40, 2), "RGB")])
 def test_patch_bytes_are_the_image_processors_own(engine, size, mode):
     """The uint8 patch path (what the server sends) equals transformers' processor byte for byte, and the byte
-    table turns it into exactly the processor's normalized pixel values."""
+    table turns it into exactly the processor's normalized pixel values (also what ``prepare`` returns)."""
+    from transformers import Qwen2VLImageProcessorPil
+
     from ocria.runtime.processor import pixels_from_bytes
 
     proc = engine.processor
+    hf = Qwen2VLImageProcessorPil.from_pretrained(str(ASSETS), local_files_only=True)
     image = Image.effect_noise(size, 60) if mode == "noise" else Image.new(mode, size, 77)
     image = proc.load_image(image)
     fast, grid = proc.patch_bytes(image)
-    ref = proc.image_processor(images=[image], do_rescale=False, do_normalize=False, return_tensors="pt")
+    ref = hf(images=[image], do_rescale=False, do_normalize=False, return_tensors="pt")
     assert fast.dtype == torch.uint8 and torch.equal(fast, ref["pixel_values"].to(torch.uint8))
     assert torch.equal(grid, ref["image_grid_thw"].long())
-    floats = proc.image_processor(images=[image], return_tensors="pt")["pixel_values"].float()
+    floats = hf(images=[image], return_tensors="pt")["pixel_values"].float()
     assert torch.equal(pixels_from_bytes(fast, proc.byte_table), floats)
+    assert torch.equal(proc.prepare(image).pixel_values, floats)
+
+
+def test_smart_resize_is_qwen2_vls():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as hf_smart_resize
+
+    from ocria.runtime.processor import smart_resize
+
+    g = torch.Generator().manual_seed(0)
+    sides = [1, 2, 31, 32, 33, 511, 512, 513, 1700, 4000] + torch.randint(1, 5000, (30,), generator=g).tolist()
+    for h in sides:
+        for w in sides:
+            for lo, hi in [(4096, 262144), (56 * 56, 1 << 20)]:
+                try:
+                    want = hf_smart_resize(h, w, 32, lo, hi)
+                except ValueError:
+                    with pytest.raises(ValueError, match="aspect ratio"):
+                        smart_resize(h, w, 32, lo, hi)
+                    continue
+                assert smart_resize(h, w, 32, lo, hi) == want, (h, w, lo, hi)
+
+
+def test_runtime_imports_no_modeling_stack():
+    """The serving models import ocria.runtime inside Triton's Python stub, which may run NumPy < 2 beside
+    packages built for NumPy 2 (SciPy, scikit-learn): the runtime and its processor must not pull them in
+    (transformers' image processors and AutoTokenizer do, through modeling_utils and generation)."""
+    code = ("import sys; import ocria.runtime, ocria.serving.protocol; "
+            f"p = ocria.runtime.Processor({str(ASSETS)!r}); p.prepare({str(REPO / 'examples' / 'report.png')!r}); "
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('scipy', 'sklearn') or "
+            "m.startswith(('transformers.modeling_utils', 'transformers.generation', "
+            "'transformers.image_processing'))); "
+            "print(bad); sys.exit(1 if bad else 0)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]

@@ -1,10 +1,20 @@
 """Prompt preparation: image bytes/path -> Qwen3.5 pixel patches and the chat-formatted prompt ids.
 
-Image preprocessing is transformers' own Qwen2-VL/Qwen3.5 image processor (the PIL variant, which
-needs no torchvision), so pixels match what the reference processor feeds the model.
+Pixels follow transformers' Qwen2-VL/Qwen3.5 image processor (the PIL variant) exactly: its resize rule
+(``smart_resize``), PIL resample filter, patch layout and rescale/normalize arithmetic, read from the engine's
+``preprocessor_config.json``. The processor itself is the tests' reference, not imported here: its module pulls in
+transformers' modeling stack (and SciPy), which the Triton Python stub's NumPy < 2 environment cannot import on
+images whose SciPy needs NumPy 2.
+
+As in Qwen2-VL, an image of any size is resized (aspect kept, sides multiples of 32) to between the processor's
+min_pixels and the engine's pixel budget. Only what cannot be a page is refused, from its header: an image
+declaring more pixels than a page scan has (a decompression bomb), or an aspect ratio over 200.
 """
 
 import io
+import json
+import math
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -12,13 +22,67 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
-from transformers import AutoTokenizer, Qwen2VLImageProcessorPil
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+from transformers import PreTrainedTokenizerFast
 
-from ocria.errors import RequestError
+from ocria.errors import OcriaError, RequestError
 
 DEFAULT_PROMPT = "Read this document and transcribe it as Markdown."
 DEFAULT_MAX_PIXELS = 1024 * 1024
+MAX_ASPECT_RATIO = 200  # the image processor's own limit
+# Pixels no page scan has: an A3 sheet at 600 dpi is 70 million (PIL itself warns from 89.5 million).
+MAX_PAGE_PIXELS = 80_000_000
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """The fields of a Qwen2-VL ``preprocessor_config.json`` that decide the patches."""
+
+    patch_size: int
+    temporal_patch_size: int
+    merge_size: int
+    min_pixels: int  # size.shortest_edge
+    max_pixels: int  # size.longest_edge
+    resample: int  # PIL filter
+    rescale_factor: float
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> "ImageConfig":
+        try:
+            c = json.loads(path.read_text())
+            return cls(c["patch_size"], c["temporal_patch_size"], c["merge_size"], c["size"]["shortest_edge"],
+                       c["size"]["longest_edge"], c.get("resample", 3), c["rescale_factor"],
+                       tuple(c["image_mean"]), tuple(c["image_std"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise OcriaError(f"{path}: not a Qwen2-VL image processor config ({type(e).__name__}: {e})") from None
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """Qwen2-VL's resize rule: both sides multiples of ``factor``, the area within [min_pixels, max_pixels], the
+    aspect ratio kept as nearly as rounding allows. Returns (height, width)."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got "
+                         f"{max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@dataclass(frozen=True)
+class Resize:
+    """An image's (width, height) as given and as the model sees it."""
+
+    original: tuple[int, int]
+    resized: tuple[int, int]
 
 
 @dataclass
@@ -26,24 +90,27 @@ class PreparedPrompt:
     input_ids: torch.Tensor  # [L] long
     pixel_values: torch.Tensor  # [P, C*Tp*p*p] float32 (uint8 from ``prepare(as_bytes=True)``)
     image_grid_thw: torch.Tensor  # [1, 3] long
+    resize: Resize | None = None  # the image's size before and after the processor's resize
 
 
 class Processor:
     """Tokenizer + image processor of an engine (no model weights: cheap to load anywhere)."""
 
     def __init__(self, directory: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS):
+        """``max_pixels``: the engine's pixel budget. Images are resized to at most this many pixels, or to the
+        processor config's own max_pixels (``size.longest_edge``, what the model was trained at) if smaller."""
         directory = Path(directory)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(directory), local_files_only=True)
-        self.max_pixels = max_pixels
+        self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+        self.image = ImageConfig.load(directory / "preprocessor_config.json")
+        self.max_pixels = min(max_pixels, self.image.max_pixels)
         vocab = self.tokenizer.get_vocab()
         self.image_token_id = vocab["<|image_pad|>"]
         self.vision_start_id = vocab["<|vision_start|>"]
         self.vision_end_id = vocab["<|vision_end|>"]
         self.eos_token_id = self.tokenizer.eos_token_id
-        self.merge = self.image_processor.merge_size
-        ip = self.image_processor
-        self.patch_dim = 3 * ip.temporal_patch_size * ip.patch_size**2  # one RGB patch's values, flattened
+        self.merge = self.image.merge_size
+        # one RGB patch's values, flattened
+        self.patch_dim = 3 * self.image.temporal_patch_size * self.image.patch_size**2
         self._device_tables: dict[torch.device, torch.Tensor] = {}  # byte_table per device (on_device)
 
     @classmethod
@@ -54,16 +121,33 @@ class Processor:
         """Decode an image from bytes or a path, or take a decoded one (training's rendered pages skip a
         PNG round trip); one-line RequestError on anything unusable."""
         img, name = (image, "image") if isinstance(image, Image.Image) else _open(image)
-        w, h = img.size
-        if w * h == 0:
-            raise RequestError(f"{name}: image has no pixels ({w}x{h})")
-        if w * h > self.max_pixels:  # refused from the header, before a byte of it is decoded
-            raise RequestError(f"{name}: image is {w}x{h} = {w * h} pixels, over the limit of {self.max_pixels}")
+        self.resized_size(img.width, img.height, name)  # refused from the header, before a byte of it is decoded
         try:
             img.load()
         except (OSError, ValueError, Image.DecompressionBombError) as e:
             raise RequestError(f"{name}: not a readable image ({type(e).__name__})") from None
         return img.convert("RGB")
+
+    def resized_size(self, width: int, height: int, name: str = "image") -> tuple[int, int]:
+        """(width, height) a ``width`` x ``height`` image is resized to: sides multiples of patch x merge, at most
+        the pixel budget, at least the processor's min_pixels, aspect kept. One-line RequestError for what cannot
+        be a page."""
+        if width * height == 0:
+            raise RequestError(f"{name}: image has no pixels ({width}x{height})")
+        if width * height > MAX_PAGE_PIXELS:
+            raise RequestError(f"{name}: the image declares {width}x{height} = {width * height} pixels, more than "
+                               f"any page has (a decompression bomb; the limit is {MAX_PAGE_PIXELS})")
+        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            raise RequestError(f"{name}: a {width}x{height} image cannot be read as a page (its aspect ratio "
+                               f"{max(width, height) / min(width, height):.0f} is over {MAX_ASPECT_RATIO})")
+        ip = self.image
+        h, w = smart_resize(height, width, ip.patch_size * ip.merge_size, ip.min_pixels, self.max_pixels)
+        return w, h
+
+    def resize_of(self, image: bytes | str | Path | Image.Image) -> Resize:
+        """The sizes ``prepare`` gives an image, before and after its resize, read from the header only."""
+        img, name = (image, "image") if isinstance(image, Image.Image) else _open(image)
+        return Resize(img.size, self.resized_size(img.width, img.height, name))
 
     def prepare(self, image: bytes | str | Path | Image.Image, prompt: str | None = None,
                 as_bytes: bool = False) -> PreparedPrompt:
@@ -71,20 +155,17 @@ class Processor:
         values, a quarter of the bytes to move (training batches); ``pixels_from_bytes`` with
         ``byte_table`` turns them into exactly the pixel values of ``as_bytes=False``."""
         img = self.load_image(image)
-        try:
-            if as_bytes:
-                pixel_values, grid = self.patch_bytes(img)
-            else:
-                out = self.image_processor(images=[img], return_tensors="pt")
-                pixel_values, grid = out["pixel_values"].float(), out["image_grid_thw"].long()
-        except ValueError as e:  # the processor's own refusals, e.g. an aspect ratio over 200
-            raise RequestError(f"image: a {img.width}x{img.height} image cannot be read as a page ({e})") from None
+        pixel_values, grid = self.patch_bytes(img)
+        if not as_bytes:
+            pixel_values = pixels_from_bytes(pixel_values, self.byte_table)
         n_image_tokens = int(grid.prod()) // self.merge**2
         text = DEFAULT_PROMPT if prompt is None else prompt
         head = self.tokenizer.encode("<|im_start|>user\n", add_special_tokens=False)
         tail = self.tokenizer.encode(f"{text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
         ids = head + [self.vision_start_id] + [self.image_token_id] * n_image_tokens + [self.vision_end_id] + tail
-        return PreparedPrompt(torch.tensor(ids, dtype=torch.long), pixel_values, grid)
+        p = self.image.patch_size
+        resize = Resize(img.size, (int(grid[0, 2]) * p, int(grid[0, 1]) * p))
+        return PreparedPrompt(torch.tensor(ids, dtype=torch.long), pixel_values, grid, resize)
 
     def patch_bytes(self, img: Image.Image) -> tuple[torch.Tensor, torch.Tensor]:
         """The image processor's patches of an RGB image as the resized image's bytes, computed in uint8: the
@@ -92,10 +173,9 @@ class Processor:
         its float32 round trip (a quarter of the memory traffic; tests check it equals the processor's own
         ``do_rescale=False, do_normalize=False`` output byte for byte). Returns (patches [P, C*Tp*p*p] uint8,
         grid [1, 3])."""
-        ip = self.image_processor
+        ip = self.image
         p, m, tp = ip.patch_size, ip.merge_size, ip.temporal_patch_size
-        h, w = smart_resize(img.height, img.width, factor=p * m, min_pixels=ip.size.shortest_edge,
-                            max_pixels=ip.size.longest_edge)
+        w, h = self.resized_size(img.width, img.height)
         pixels = np.asarray(img.resize((w, h), resample=ip.resample))  # [H, W, C]
         gh, gw = h // p, w // p
         blocks = pixels.reshape(gh // m, m, p, gw // m, m, p, pixels.shape[-1]).transpose(0, 3, 1, 4, 6, 2, 5)
@@ -113,26 +193,17 @@ class Processor:
             if table is None:
                 table = self._device_tables[device] = self.byte_table.to(device)
             pixels = pixels_from_bytes(pixels.to(device, non_blocking=True), table)
-        return PreparedPrompt(prompt.input_ids, pixels, prompt.image_grid_thw)
+        return PreparedPrompt(prompt.input_ids, pixels, prompt.image_grid_thw, prompt.resize)
 
     @cached_property
     def byte_table(self) -> torch.Tensor:
-        """[channels, 256] float32: the pixel value ``prepare`` gives byte v of channel c. Read off the image
-        processor itself (rescale and normalize act per element and channel) on a ramp image holding every
-        byte in every channel, so it follows whatever arithmetic the processor does."""
-        side = self.image_processor.patch_size * self.merge
-        ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], side, 0).repeat(3, 2)  # [side, 256, 3]
-        img = Image.fromarray(ramp, "RGB")
-        kwargs = {"images": [img], "do_resize": False, "return_tensors": "pt"}
-        raw = self.image_processor(do_rescale=False, do_normalize=False, **kwargs)["pixel_values"].long()
-        norm = self.image_processor(**kwargs)["pixel_values"].float()
-        channels = raw.shape[1] // (self.image_processor.temporal_patch_size * self.image_processor.patch_size ** 2)
-        table = torch.full((channels, 256), float("nan"))
-        for c, (r, v) in enumerate(zip(raw.chunk(channels, 1), norm.chunk(channels, 1))):
-            table[c, r.flatten()] = v.flatten()
-        if table.isnan().any() or not torch.equal(pixels_from_bytes(raw.to(torch.uint8), table), norm):
-            raise RuntimeError("image processor is not a per-channel map of the bytes: byte_table cannot stand in")
-        return table
+        """[channels, 256] float32: the pixel value ``prepare`` gives byte v of channel c, in the image processor's
+        own arithmetic (rescale in float64 then cast to float32, normalize in float32)."""
+        ip = self.image
+        rescaled = (np.arange(256, dtype=np.float64) * ip.rescale_factor).astype(np.float32)
+        mean = np.asarray(ip.image_mean, dtype=np.float32)[:, None]
+        std = np.asarray(ip.image_std, dtype=np.float32)[:, None]
+        return torch.from_numpy((rescaled[None, :] - mean) / std)
 
 
 def pixels_from_bytes(patch_bytes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
@@ -154,7 +225,9 @@ def _open(image: bytes | str | Path) -> tuple[Image.Image, str]:
     if not data:
         raise RequestError(f"{name}: image is empty (0 bytes)")
     try:
-        img = Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():  # PIL warns from 89.5 MP; resized_size refuses from MAX_PAGE_PIXELS
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            img = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError:
         raise RequestError(f"{name}: the image declares more pixels than any page has (a decompression bomb)") from None
     except (UnidentifiedImageError, OSError, ValueError) as e:

@@ -124,8 +124,8 @@ def stub_bin(needs_numpy1: bool, numpy1: Path | None, log=print) -> Path:
 
 # What the ocria models import in the stub: checked up front, so a package that cannot live with NumPy < 2 is named
 # here, not hidden behind transformers' lazy-import message in the server log.
-MODEL_IMPORTS = ("import torch", "from transformers import AutoTokenizer, Qwen2VLImageProcessorPil",
-                 "import ocria.runtime", "import ocria.serving.protocol")
+MODEL_IMPORTS = ("import torch", "from transformers import PreTrainedTokenizerFast", "import ocria.runtime",
+                 "import ocria.serving.protocol")
 _IMPORT_CHECK = """
 import sys
 for statement in sys.argv[1:]:
