@@ -13,6 +13,7 @@ import yaml
 
 from ocria.builder.presets import CONFIG_DIR, SHIPPED, load_preset, preset_checkpoints
 from ocria.data import generate
+from ocria.data.splits import EVAL_SPLITS
 from ocria.errors import ConfigError, OcriaError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
 from ocria.models.gdn import gated_delta_rule
@@ -637,15 +638,20 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     run = json.loads((out / "run.json").read_text())
     assert train_main([*probe, "--out", str(tmp_path / "end.json")]) == 0  # the exported target
     end = json.loads((tmp_path / "end.json").read_text())
-    assert end["target_step"] == 2 and end["cer_ar"] == run["results"]["cer_ar"]  # the run's own evaluation
+    res = run["results"]
+    assert end["target_step"] == 2 and end["split"] == "synthetic"
+    assert end["cer_ar"] == res["splits"]["synthetic"]["cer_ar"]  # the run's own evaluation of that page
     assert train_main(["probe", "--state", str(tmp_path / "none")]) == 2
     assert run["stage"] == "done" and run["checkpoint"] is None
-    res = run["results"]
-    assert 0 <= res["cer_ar"] and res["block_size"] == 4
-    assert run["stages"]["target"]["heldout_cer_quick"]["docs"] == 1
-    for ext in ("local_conv_on", "local_conv_off"):
+    assert res["block_size"] == 4 and res["docs"] == 1 and list(res["splits"]) == list(EVAL_SPLITS)
+    assert set(run["stages"]["target"]["heldout_cer_quick"]) == set(EVAL_SPLITS)
+    assert res["local_conv_off"]["split"] == "synthetic"
+    for split, r in res["splits"].items():  # every split: its CER, and spec == ar on each page with its tau
+        assert r["docs"] == 1 and 0 <= r["cer_ar"] and r["cer_ar"] == sum(r["edits_ar"]) / sum(r["chars"]), split
         for sel in ("selector_on", "selector_off"):
-            assert res[ext][sel]["spec_equals_ar"] and 1.0 <= res[ext][sel]["tau"] <= 4.0
+            assert r["local_conv_on"][sel]["spec_equals_ar"] and 1.0 <= r["local_conv_on"][sel]["tau"] <= 4.0
+    for sel in ("selector_on", "selector_off"):
+        assert res["local_conv_off"][sel]["spec_equals_ar"] and 1.0 <= res["local_conv_off"][sel]["tau"] <= 4.0
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
         "drafter/config.json", "drafter/model.safetensors", "run.json", "target/config.json",
         "target/model.safetensors"]
@@ -653,6 +659,33 @@ def test_cli_runs_every_stage_and_mirrors_the_state(tiny_preset, tmp_path, capsy
     assert run["calls"][0]["command"].startswith("python -m ocria.train run") and run["calls"][0]["wall_s"] > 0
     assert train_main(["run", "--state", str(state), "--set=bogus=1"]) == 2
     assert "bogus" in capsys.readouterr().err
+
+
+def test_eval_reports_each_split_of_a_built_engine(tiny_preset, tmp_path, capsys):
+    """``python -m ocria.train eval``: CER, tau and spec == ar on each evaluation split separately."""
+    from ocria.builder.engine import build_engine
+
+    target, drafter = _trained_pair(tiny_preset)
+    export_model(target, tmp_path / "target")
+    export_model(drafter, tmp_path / "drafter")
+    engine = build_engine(tmp_path / "engine", tmp_path / "target", tmp_path / "drafter", preset=tiny_preset,
+                          progress=False)
+    splits, out = ["independent", "realistic", "heldout_fonts"], tmp_path / "eval.json"
+    args = ["eval", "--engine", str(engine), "--docs", "2", "--max-tokens", "6", "--batch", "2", "--out", str(out)]
+    assert train_main([*args, "--splits", *splits]) == 0
+    res = json.loads(out.read_text())
+    assert list(res["splits"]) == splits and res["docs"] == 2 and list(res["summary"]) == splits
+    for split, r in res["splits"].items():
+        assert r["docs"] == 2 and r["cer_ar"] == sum(r["edits_ar"]) / sum(r["chars"]), split
+        assert res["summary"][split] == {"cer_ar": round(r["cer_ar"], 4), "tau": round(r["selector_on"]["tau"], 3),
+                                         "spec_equals_ar": True}
+        for sel in ("selector_on", "selector_off"):
+            assert r[sel]["spec_equals_ar"] and r[sel]["docs_differing"] == 0 and 1.0 <= r[sel]["tau"] <= 6.0
+    assert res["splits"]["independent"]["chars"] == res["splits"]["realistic"]["chars"]  # the same pages, larger
+    capsys.readouterr()
+    assert train_main([*args, "--splits", "bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown evaluation split 'bogus'") and "\n" not in err.strip()
 
 
 def test_divergences_name_the_first_differing_token():

@@ -1,6 +1,7 @@
 """Synthetic printed documents with ground-truth Markdown, for training, calibration and evaluation."""
 
-from ocria.data.layout import KINDS, LONG_PAGE, SynthConfig
+from ocria.data.config import LAYOUT_FAMILIES, LONG_PAGE, READING, SynthConfig
+from ocria.data.layout import KINDS
 from ocria.data.synth import (
     SPLITS,
     Document,
@@ -14,6 +15,6 @@ from ocria.data.synth import (
 )
 
 __all__ = [
-    "KINDS", "LONG_PAGE", "SPLITS", "Document", "SynthConfig", "dataset", "generate", "is_synthetic_spec",
-    "markdown", "parse_synthetic_spec", "split_seeds", "synthetic_set",
+    "KINDS", "LAYOUT_FAMILIES", "LONG_PAGE", "READING", "SPLITS", "Document", "SynthConfig", "dataset", "generate",
+    "is_synthetic_spec", "markdown", "parse_synthetic_spec", "split_seeds", "synthetic_set",
 ]

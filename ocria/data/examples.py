@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ocria.data.layout import SynthConfig
+from ocria.data.config import SynthConfig
 from ocria.data.synth import Document, generate, split_seeds
 
 CLEAN = SynthConfig(max_noise=0.0)

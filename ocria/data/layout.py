@@ -1,108 +1,21 @@
-"""Lay out a synthetic document: choose its text and style, place every line, and derive its Markdown.
+"""Lay out a classic synthetic document: choose its text and style, place every line, and derive its Markdown.
 
 The Markdown is built from what is placed on the page (after wrapping and truncation to fit), so the
 ground truth always matches the pixels. Drawing happens in `render.py`; this module only measures.
+This is the generator the shipped tokenizer and examples come from; it stays byte-identical
+(compose.py lays out the other families).
 """
 
 import random
-from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
-
-from PIL import ImageFont
 
 from ocria.data import words
-from ocria.errors import ConfigError
+from ocria.data.config import ALIGN, SynthConfig
+from ocria.data.fonts import typefaces
+from ocria.data.page import Page, RuleOp, TextOp, font, text_width
 
-FONT_DIR = Path(__file__).parent / "fonts"
 FONTS = ("DejaVuSans.ttf", "LiberationSans-Regular.ttf", "LiberationSerif-Regular.ttf", "LiberationMono-Regular.ttf")
 KINDS = ("line", "paragraph", "heading", "list", "table", "page")
 KIND_WEIGHTS = (0.15, 0.2, 0.2, 0.15, 0.15, 0.15)
-ALIGN = 32  # patch 16 x spatial merge 2: image sides are multiples of this
-
-
-@dataclass(frozen=True)
-class SynthConfig:
-    """Size knobs. The defaults keep pages small (<= 256 image tokens) and texts to a few lines."""
-
-    min_width: int = 256
-    max_width: int = 512
-    max_height: int = 512
-    max_paragraph_lines: int = 4
-    max_list_items: int = 4
-    max_table_rows: int = 4
-    max_table_cols: int = 3
-    max_blocks: int = 3
-    # Text at scan resolution (a 10-12 pt font at ~200 dpi): one text line per 32-pixel row of image
-    # tokens and ~2-3 characters per 16-pixel patch, the density at which a small vision encoder learns
-    # to read (13-20 px text put ~5 characters and two lines in each image token; see issue 8's notes).
-    min_font_px: int = 24
-    max_font_px: int = 32
-    max_noise: float = 6.0  # std of the Gaussian pixel noise is drawn from [0, max_noise] (0..255 scale)
-
-    def __post_init__(self) -> None:
-        sides = (self.min_width, self.max_width, self.max_height)
-        if any(v % ALIGN for v in sides) or self.min_width < 256 or self.max_width < self.min_width:
-            raise ConfigError(f"synthetic page widths must be multiples of {ALIGN}, >= 256 and min <= max: {sides}")
-        if self.max_height < 128 or not 8 <= self.min_font_px <= self.max_font_px <= 48:
-            raise ConfigError("synthetic pages need max_height >= 128 and 8 <= min_font_px <= max_font_px <= 48")
-        if not 2 <= self.max_table_cols <= 4:
-            raise ConfigError(f"synthetic tables have 2 to 4 columns, got max_table_cols={self.max_table_cols}")
-
-
-# The benchmarks' long document: dense 13-20 px text, the prompt the GPU benchmarks (bench/) measure on.
-LONG_PAGE = SynthConfig(
-    min_width=512, max_width=768, max_height=1024, max_paragraph_lines=10, max_list_items=8,
-    max_table_rows=8, max_table_cols=4, max_blocks=6, min_font_px=13, max_font_px=20,
-)
-
-
-@dataclass(frozen=True)
-class TextOp:
-    """One string drawn with its left baseline at (x, y)."""
-
-    x: int
-    y: int
-    text: str
-    font: str
-    size: int
-    bold: bool
-
-
-@dataclass(frozen=True)
-class RuleOp:
-    """A straight line (table border) from (x0, y0) to (x1, y1)."""
-
-    x0: int
-    y0: int
-    x1: int
-    y1: int
-
-
-@dataclass
-class Page:
-    """A laid-out document: canvas size, what to draw, its Markdown, and the noise to add."""
-
-    width: int
-    height: int
-    kind: str
-    markdown: str
-    ink: int
-    paper: int
-    tint: tuple[float, float, float]
-    noise_sigma: float
-    blur: float
-    noise_seed: int
-    ops: list[TextOp | RuleOp] = field(default_factory=list)
-
-
-@lru_cache(maxsize=256)
-def font(name: str, size: int) -> ImageFont.FreeTypeFont:
-    return ImageFont.truetype(str(FONT_DIR / name), size)
-
-
-def text_width(text: str, name: str, size: int, bold: bool = False) -> int:
-    return int(font(name, size).getlength(text)) + (2 if bold else 0)
 
 
 class _Cursor:
@@ -301,6 +214,12 @@ def _fill(cur: _Cursor, rng: random.Random, kind: str, cfg: SynthConfig) -> None
                 cur.heading(words.title(rng), 2)
 
 
+def _faces(split: str) -> tuple[str, ...]:
+    """The classic pages' font files: its own four (all in the train split), or the held-out families' regular
+    files."""
+    return FONTS if split == "train" else tuple(t.regular for t in typefaces(split))
+
+
 def _round_up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -310,7 +229,7 @@ def layout(seed: int, kind: str | None, cfg: SynthConfig) -> Page:
     rng = random.Random(f"ocria-synth:{seed}:{kind or 'any'}")
     kind = kind if kind is not None else rng.choices(KINDS, KIND_WEIGHTS)[0]
     width = rng.randrange(_round_up(cfg.min_width), cfg.max_width + 1, ALIGN)
-    face = rng.choice(FONTS)
+    face = rng.choice(_faces(cfg.fonts))
     size = rng.randint(cfg.min_font_px, cfg.max_font_px)
     margin = rng.randint(8, 24)
     cur = _Cursor(rng, width, cfg.max_height, margin, face, size)

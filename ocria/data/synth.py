@@ -1,15 +1,20 @@
 """Synthetic documents with ground-truth Markdown: one per seed, in disjoint train / calib / heldout seed ranges.
 
 A split is a fixed range of seeds, so the held-out documents can never appear in training, whatever
-`start` and `n` a caller asks for.
+`start` and `n` a caller asks for. A document's layout family is drawn from its config's (`SynthConfig.layouts`)
+by its seed; its typefaces come from the config's font split only.
 """
 
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from PIL import Image
 
-from ocria.data.layout import KINDS, SynthConfig, layout
+from ocria.data.compose import FAMILY_KINDS, compose
+from ocria.data.config import LAYOUT_WEIGHTS, SynthConfig
+from ocria.data.layout import KINDS, layout
+from ocria.data.page import Page
 from ocria.data.render import render
 from ocria.errors import OcriaError
 
@@ -27,6 +32,8 @@ class Document:
     markdown: str
     kind: str
     seed: int
+    layout: str = "classic"  # its layout family
+    fonts: frozenset[str] = frozenset()  # the font files its text is drawn with
 
 
 def _check_kind(kind: str | None) -> None:
@@ -34,17 +41,27 @@ def _check_kind(kind: str | None) -> None:
         raise OcriaError(f"unknown synthetic document kind {kind!r}; choose one of {', '.join(KINDS)}")
 
 
+def lay_out(seed: int, kind: str | None = None, config: SynthConfig = DEFAULT_CONFIG) -> Page:
+    """Document `seed` laid out, not drawn: its layout family is drawn from those of `config` that make `kind`
+    (any, when None)."""
+    _check_kind(kind)
+    names = [f for f in config.layouts if kind is None or kind in (KINDS if f == "classic" else FAMILY_KINDS[f])]
+    if not names:
+        raise OcriaError(f"none of the layout families {', '.join(config.layouts)} makes {kind!r} documents")
+    family = names[0] if len(names) == 1 else random.Random(f"ocria-layout:{seed}:{kind or 'any'}").choices(
+        names, [LAYOUT_WEIGHTS[n] for n in names])[0]
+    return layout(seed, kind, config) if family == "classic" else compose(seed, family, kind, config)
+
+
 def generate(seed: int, kind: str | None = None, config: SynthConfig = DEFAULT_CONFIG) -> Document:
     """Document number `seed`; `kind` forces one of `KINDS`, None draws it from the seed."""
-    _check_kind(kind)
-    page = layout(seed, kind, config)
-    return Document(render(page), page.markdown, page.kind, seed)
+    page = lay_out(seed, kind, config)
+    return Document(render(page), page.markdown, page.kind, seed, page.layout, page.fonts)
 
 
 def markdown(seed: int, kind: str | None = None, config: SynthConfig = DEFAULT_CONFIG) -> str:
     """The ground truth of `generate(seed, kind, config)` without drawing it (fast: text corpora)."""
-    _check_kind(kind)
-    return layout(seed, kind, config).markdown
+    return lay_out(seed, kind, config).markdown
 
 
 def split_seeds(split: str, n: int, start: int = 0) -> range:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from ocria.data.layout import LONG_PAGE, SynthConfig
+from ocria.data.config import LONG_PAGE, SynthConfig
 from ocria.data.synth import markdown, split_seeds
 
 VOCAB_SIZE = 512

@@ -4,7 +4,7 @@
     python -m ocria.train status --state .train
     python -m ocria.train probe --state .train --docs 8                    # CPU: greedy CER of its target now
     python -m ocria.train ship --state .train                              # into ocria/assets/ocria-mini
-    python -m ocria.train eval --engine engines/ocria-mini --docs 64       # CER, tau, spec == ar of a built engine
+    python -m ocria.train eval --engine engines/ocria-mini --docs 64       # per split: CER, tau, spec == ar
 """
 
 import argparse
@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 from ocria.builder.presets import load_preset
-from ocria.data import SynthConfig
+from ocria.data.splits import EVAL_SPLITS, check_splits
 from ocria.errors import OcriaError
 from ocria.runtime.engine import Engine
 from ocria.train import checkpoint as ckpt
-from ocria.train.evaluate import evaluate, heldout_pngs, probe_state
+from ocria.train.evaluate import evaluate_splits, probe_state, summary
 from ocria.train.export import ship
 from ocria.train.run import Run, TrainConfig, mirror, utc_now
 
@@ -35,20 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--max-steps", type=int, help="per stage: stop (with a checkpoint) after this many optimizer steps")
     s = sub.add_parser("status", help="print stage, progress and results of a state directory")
     s.add_argument("--state", type=Path, required=True)
-    q = sub.add_parser("probe", help="greedy CER of the run's newest target on held-out documents (CPU)")
+    q = sub.add_parser("probe", help="greedy CER of the run's newest target on an evaluation split (CPU)")
     q.add_argument("--state", type=Path, required=True)
     q.add_argument("--preset", default="ocria-mini")
-    q.add_argument("--docs", type=int, default=8, help="held-out documents (the first N)")
+    q.add_argument("--docs", type=int, default=8, help="pages of the split (the first N)")
+    q.add_argument("--split", default="synthetic", help=f"evaluation split: one of {', '.join(EVAL_SPLITS)}")
     q.add_argument("--max-tokens", type=int, default=384)
-    q.add_argument("--font-px", type=int, nargs=2, metavar=("MIN", "MAX"),
-                   help="render the documents with this font-size range instead of the generator's default")
     q.add_argument("--out", type=Path, help="also write the result as JSON (with date and command)")
     p = sub.add_parser("ship", help="copy the trained target/ and drafter/ into the preset's assets")
     p.add_argument("--state", type=Path, required=True)
     p.add_argument("--preset", default="ocria-mini")
-    e = sub.add_parser("eval", help="CER (ar), tau and spec == ar of a built engine on held-out documents")
+    e = sub.add_parser("eval", help="per evaluation split: CER (ar), tau and spec == ar of a built engine")
     e.add_argument("--engine", type=Path, required=True, help="engine directory (ocria-build engine)")
-    e.add_argument("--docs", type=int, default=64, help="held-out documents (the first N)")
+    e.add_argument("--docs", type=int, default=64, help="pages per split (the first N)")
+    e.add_argument("--splits", nargs="+", default=list(EVAL_SPLITS), metavar="SPLIT",
+                   help=f"evaluation splits (default: all of {', '.join(EVAL_SPLITS)})")
     e.add_argument("--max-tokens", type=int, default=384)
     e.add_argument("--batch", type=int, default=16, help="requests decoded together")
     e.add_argument("--device", default="cpu")
@@ -67,18 +68,19 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"saved {path}")
             print(json.dumps({"stage": result["stage"], "results": result["results"]}, indent=1))
         elif args.cmd == "probe":
-            config = SynthConfig() if args.font_px is None else SynthConfig(min_font_px=args.font_px[0],
-                                                                            max_font_px=args.font_px[1])
+            check_splits([args.split])
             result = {"date": utc_now(), "command": "python -m ocria.train " + " ".join(argv),
-                      **probe_state(args.state, load_preset(args.preset), args.docs, args.max_tokens, config)}
+                      **probe_state(args.state, load_preset(args.preset), args.docs, args.max_tokens, args.split)}
             print(json.dumps(result, indent=1, ensure_ascii=False))
             if args.out is not None:
                 ckpt.write_json(args.out, result)
         elif args.cmd == "eval":
+            check_splits(args.splits)
             engine = Engine(args.engine, device=args.device)
+            splits = evaluate_splits(engine, args.splits, args.docs, args.max_tokens, args.batch)
             result = {"date": utc_now(), "command": "python -m ocria.train " + " ".join(argv),
                       "engine": str(args.engine), "device": args.device, "dtype": str(engine.dtype),
-                      **evaluate(engine, heldout_pngs(args.docs), args.max_tokens, args.batch)}
+                      "docs": args.docs, "summary": summary(splits), "splits": splits}
             print(json.dumps(result, indent=1))
             if args.out is not None:
                 ckpt.write_json(args.out, result)

@@ -1,5 +1,7 @@
 """Training batches: synthetic documents encoded exactly as at inference, rendered by worker processes.
 
+The documents are the reading mixture (``ocria.data.READING``: broad text, many typefaces, every layout family
+but the held-out one, scan artifacts, pages over the pixel budget, which the processor resizes as at inference).
 Sample ``i`` of the train split is document ``split_seeds("train", 1, start=i)``; batch ``b`` holds
 samples ``o + b*B .. o + b*B+B-1`` (``o``: the run's ``data_offset``, 0 unless a further run asks for documents
 earlier runs did not read). The data cursor of a checkpoint is therefore just the next batch index, and a resumed
@@ -15,8 +17,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from ocria.data import Document, SynthConfig, generate, split_seeds
-from ocria.data.synth import DEFAULT_CONFIG
+from ocria.data import READING, Document, SynthConfig, generate, split_seeds
 from ocria.models import mrope_positions
 from ocria.runtime.processor import Processor, pixels_from_bytes
 
@@ -106,7 +107,7 @@ class SplitDocuments(Dataset):
     """Sample i = document i of a split (of one kind when ``kind`` is set), encoded; the processor is
     built lazily in each worker."""
 
-    def __init__(self, assets: Path, split: str = "train", config: SynthConfig = DEFAULT_CONFIG,
+    def __init__(self, assets: Path, split: str = "train", config: SynthConfig = READING,
                  kind: str | None = None):
         self.assets, self.split, self.config, self.kind = Path(assets), split, config, kind
         self._processor: Processor | None = None

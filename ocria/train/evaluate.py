@@ -1,5 +1,7 @@
 """Evaluation through the runtime: greedy CER of the target (``ar``), ``spec`` == ``ar`` per document,
-and the drafter's mean acceptance length tau (tokens per target forward in ``spec`` mode)."""
+and the drafter's mean acceptance length tau (tokens per target forward in ``spec`` mode), on each evaluation
+split separately (``ocria.data.splits``: in-distribution synthetic pages, held-out typefaces, the held-out layout
+family, the independent renderer's pages and the same pages at 1-4 megapixels)."""
 
 import io
 import tempfile
@@ -9,9 +11,8 @@ from pathlib import Path
 import torch
 
 from ocria.builder.presets import Preset
-from ocria.data import SynthConfig, dataset
 from ocria.data.metrics import edit_distance
-from ocria.data.synth import DEFAULT_CONFIG
+from ocria.data.splits import eval_pages
 from ocria.errors import OcriaError
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.runtime.engine import Engine
@@ -23,14 +24,20 @@ from ocria.train.gdn_chunked import chunked_gdn
 from ocria.train.target import build_target
 
 
-def heldout_pngs(n: int, start: int = 0, config: SynthConfig = DEFAULT_CONFIG) -> list[tuple[bytes, str]]:
-    """The first n held-out documents as (lossless PNG bytes, Markdown truth)."""
+def split_pngs(split: str, n: int, start: int = 0) -> list[tuple[bytes, str]]:
+    """Pages ``start .. start+n-1`` of an evaluation split as (lossless PNG bytes, Markdown truth): what a user
+    would send, decoded and resized by the engine's processor."""
     out = []
-    for doc in dataset("heldout", n, start, config=config):
+    for image, truth in eval_pages(split, n, start):
         buf = io.BytesIO()
-        doc.image.save(buf, format="PNG", compress_level=1)
-        out.append((buf.getvalue(), doc.markdown))
+        image.save(buf, format="PNG", compress_level=1)
+        out.append((buf.getvalue(), truth))
     return out
+
+
+def heldout_pngs(n: int, start: int = 0) -> list[tuple[bytes, str]]:
+    """The classic generator's held-out pages (the "classic" split; bench/path_noise.py replays them)."""
+    return split_pngs("classic", n, start)
 
 
 def transcribe(engine: Engine, images: list[bytes], mode: str, max_tokens: int, batch: int,
@@ -69,6 +76,23 @@ def tau(results: list[dict]) -> float:
     """Mean acceptance length: tokens committed per target forward (accepted drafts + the bonus token)."""
     steps = sum(r["steps"] for r in results)
     return 1.0 + sum(r["accepted"] for r in results) / max(1, steps)
+
+
+def evaluate_splits(engine: Engine, splits: list[str], docs: int, max_tokens: int, batch: int,
+                    selector_settings: tuple[bool, ...] = (True, False)) -> dict[str, dict]:
+    """``evaluate`` on the first ``docs`` pages of each split: split name -> its result."""
+    return {split: evaluate(engine, split_pngs(split, docs), max_tokens, batch, selector_settings)
+            for split in splits}
+
+
+def summary(results: dict[str, dict]) -> dict[str, dict]:
+    """Per split: CER (ar), spec == ar, and tau with the drafter's selector on (when there is a drafter)."""
+    out = {}
+    for split, r in results.items():
+        spec = r.get("selector_on") or r.get("selector_off") or {}
+        out[split] = {"cer_ar": round(r["cer_ar"], 4), "tau": round(spec["tau"], 3) if spec else None,
+                      "spec_equals_ar": spec.get("spec_equals_ar")}
+    return out
 
 
 def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, batch: int,
@@ -141,10 +165,9 @@ def logit_gap(target: OCRiaForConditionalGeneration, prompt: PreparedPrompt, pre
     return float((logits[a] - logits[b]).abs())
 
 
-def probe_state(state: Path, preset: Preset, docs: int, max_tokens: int,
-                config: SynthConfig = DEFAULT_CONFIG) -> dict:
-    """Greedy CER (``ar``, CPU, through the runtime) of a run's newest target: its exported ``target/``
-    or else its mid-run checkpoint. The early word on whether a run reads, between GPU calls."""
+def probe_state(state: Path, preset: Preset, docs: int, max_tokens: int, split: str = "synthetic") -> dict:
+    """Greedy CER (``ar``, CPU, through the runtime) of a run's newest target on an evaluation split: its exported
+    ``target/`` or else its mid-run checkpoint. The early word on whether a run reads, between GPU calls."""
     run = ckpt.read_run(state)
     if run is None:
         raise OcriaError(f"{state}: no {ckpt.RUN_FILE} (not a training state directory)")
@@ -161,11 +184,11 @@ def probe_state(state: Path, preset: Preset, docs: int, max_tokens: int,
             raise OcriaError(f"{state}: no target checkpoint yet (stage {run['stage']!r})")
         engine = Engine(engine_dir(Path(tmp) / "engine", preset.assets, target_dir, None), device="cpu",
                         verify=False)
-        pngs = heldout_pngs(docs, config=config)
+        pngs = split_pngs(split, docs)
         results = transcribe(engine, [d[0] for d in pngs], "ar", max_tokens, docs)
     truths = [d[1] for d in pngs]
     edits = doc_edits(results, truths)
-    return {"target_step": step, "docs": docs, "font_px": [config.min_font_px, config.max_font_px],
+    return {"target_step": step, "split": split, "docs": docs,
             "cer_ar": cer(edits, truths), "exact_docs_ar": edits.count(0),
             "samples": [{"truth": t, "text": r["text"]} for r, t in zip(results[:4], truths)]}
 

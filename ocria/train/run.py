@@ -5,10 +5,11 @@ $OUT and travels back as a carried path):
 ``run.json`` (config, seeds, stage progress, loss history, calls, results), the in-progress stage's
 ``state-*.safetensors`` shards, and the exported ``target/`` and ``drafter/`` HF directories.
 
-Stages: ``check`` (tokenizer files vs a fresh build, data deterministic) -> ``target`` -> ``drafter``
-(local conv + selector on, exported; with ``ablation``, a local-conv-off drafter trained beside it on the
-same batches) -> ``drafter_noconv`` (the ablation's tau; not shipped) -> ``eval`` (held-out CER,
-spec == ar, tau per extension setting) -> ``done``.
+Stages: ``check`` (tokenizer files vs a fresh build, data deterministic, held-out typefaces disjoint from
+training's) -> ``target`` -> ``drafter`` (local conv + selector on, exported; with ``ablation``, a local-conv-off
+drafter trained beside it on the same batches) -> ``drafter_noconv`` (the ablation's tau on the first evaluation
+split; not shipped) -> ``eval`` (per evaluation split: CER, spec == ar, tau per selector setting; a call that runs
+out of time leaves the remaining splits to the next) -> ``done``.
 """
 
 import platform
@@ -16,6 +17,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,8 +26,11 @@ from pathlib import Path
 import torch
 
 from ocria.builder.presets import load_preset
-from ocria.data import generate, split_seeds
+from ocria.data import READING, generate, split_seeds
 from ocria.data import tokenizer as tokenizer_files
+from ocria.data.config import HELDOUT_LAYOUTS
+from ocria.data.fonts import split_files
+from ocria.data.splits import EVAL_SPLITS, check_splits
 from ocria.errors import OcriaError
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.runtime.engine import Engine
@@ -32,7 +38,7 @@ from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
 from ocria.train.data import image_swap_pair, loader
 from ocria.train.distill import block_forward, build_drafter, drafter_loss, greedy_sequences, sample_blocks
-from ocria.train.evaluate import engine_dir, evaluate, heldout_pngs
+from ocria.train.evaluate import engine_dir, evaluate, evaluate_splits, split_pngs, summary
 from ocria.train.export import export_model, load_exported, shipped_bytes
 from ocria.train.gdn_chunked import chunked_gdn
 from ocria.train.optim import FlatAdamW, lr_at, set_lr
@@ -77,7 +83,8 @@ class TrainConfig:
     gdn_chunk: int = 64
     workers: int = 12
     data_kind: str = ""  # train on one document kind only (ocria.data.KINDS); "" = every kind
-    eval_docs: int = 64
+    eval_docs: int = 64  # per evaluation split
+    eval_splits: str = ",".join(EVAL_SPLITS)  # comma-separated (ocria.data.splits.EVAL_SPLITS)
     eval_batch: int = 32
     eval_max_tokens: int = 384
     eval_graphs: str = "auto"  # runtime CUDA graphs in evaluation: auto (runtime default), on, off
@@ -106,7 +113,15 @@ class TrainConfig:
             raise OcriaError(f"bad --set data_offset={cfg.data_offset}: expected a document index >= 0")
         if cfg.drafter_layers < 0:  # 0 is the preset's depth; a negative one would build a drafter of no layers
             raise OcriaError(f"bad --set drafter_layers={cfg.drafter_layers}: expected 0 (the preset's) or more")
+        cfg.splits()
         return cfg
+
+    def splits(self) -> list[str]:
+        """The evaluation splits, checked."""
+        names = [s.strip() for s in self.eval_splits.split(",") if s.strip()]
+        if not names:
+            raise OcriaError(f"eval_splits names no evaluation split; choose from {', '.join(EVAL_SPLITS)}")
+        return check_splits(names)
 
 
 def utc_now() -> str:
@@ -197,15 +212,19 @@ class Run:
         stale = [n for n, text in tokenizer_files.files().items()
                  if (self.preset.assets / n).read_text("utf-8") != text]
         seed = split_seeds("train", 1)[0]
-        a, b = generate(seed), generate(seed)
+        a, b = generate(seed, None, READING), generate(seed, None, READING)
         if a.markdown != b.markdown or a.image.tobytes() != b.image.tobytes():
             raise OcriaError("synthetic documents are not deterministic")
         train, held = split_seeds("train", 1 << 30), split_seeds("heldout", 1)
         if held[0] in train:
             raise OcriaError("held-out seeds overlap the train split")
+        if split_files("train") & split_files("heldout") or READING.fonts != "train" or \
+                set(HELDOUT_LAYOUTS) & set(READING.layouts):
+            raise OcriaError("the training mixture draws a held-out typeface or layout family")
         self.run["stages"]["check"] = {
             "tokenizer": f"differs from a fresh build: {stale}" if stale else "matches a fresh build",
-            "tokenizers_version": tokenizers.__version__, "data": "deterministic, held-out split disjoint",
+            "tokenizers_version": tokenizers.__version__,
+            "data": "deterministic, held-out seeds, typefaces and layout family disjoint from training's",
             "wall_s": round(time.time() - t, 1)}
         self.log(f"check: {self.run['stages']['check']}")
         return True
@@ -346,9 +365,11 @@ class Run:
         ckpt.drop_state(self.state, self.run)
         self.log(f"target exported to {self.state / 'target'}")
         if self.left() > 90:  # early word on whether it reads, before drafter time is spent
-            quick = self._evaluate(None, min(32, cfg.eval_docs))
-            self.run["stages"]["target"]["heldout_cer_quick"] = quick
-            self.log(f"target quick eval: {quick}")
+            with self._engine(None) as engine:
+                quick = evaluate_splits(engine, cfg.splits(), min(16, cfg.eval_docs), cfg.eval_max_tokens,
+                                        cfg.eval_batch)
+            self.run["stages"]["target"]["heldout_cer_quick"] = summary(quick)
+            self.log(f"target quick eval: {summary(quick)}")
         return True
 
     def _trained_target(self) -> OCRiaForConditionalGeneration:
@@ -412,39 +433,51 @@ class Run:
         ckpt.drop_state(self.state, self.run)
         return True
 
-    def _evaluate(self, drafter_dir: Path | None, docs: int | None = None) -> dict:
-        """Held-out evaluation through the runtime's engine and scheduler (links in a temp engine dir)."""
+    @contextmanager
+    def _engine(self, drafter_dir: Path | None) -> Iterator[Engine]:
+        """The run's target (and ``drafter_dir``'s drafter) as a runtime engine (links in a temp engine dir)."""
         with tempfile.TemporaryDirectory() as tmp:
             root = engine_dir(Path(tmp), self.preset.assets, self.state / "target", drafter_dir)
             graphs = {"on": {"use_graphs": True}, "off": {"use_graphs": False}}.get(self.cfg.eval_graphs, {})
-            engine = Engine(root, device=str(self.device), verify=False, **graphs)
-            return evaluate(engine, heldout_pngs(docs or self.cfg.eval_docs), self.cfg.eval_max_tokens,
-                            self.cfg.eval_batch)
+            yield Engine(root, device=str(self.device), verify=False, **graphs)
 
     def stage_drafter_noconv(self) -> bool:
-        """Ablation: tau of the local-conv-off drafter trained in the drafter stage (then deleted: not shipped)."""
+        """Ablation: tau of the local-conv-off drafter trained in the drafter stage, on the first evaluation split
+        (then deleted: not shipped)."""
         out = self.state / "drafter_noconv"
         if not (out / "config.json").is_file():  # ablation off
             return True
         if self.left() < 120:  # the evaluation does not split across calls: the next call does it
             return False
-        res = self._evaluate(out)
-        self.run["results"]["local_conv_off"] = {k: v for k, v in res.items() if k.startswith("selector")}
+        split = self.cfg.splits()[0]
+        with self._engine(out) as engine:
+            res = evaluate(engine, split_pngs(split, self.cfg.eval_docs), self.cfg.eval_max_tokens,
+                           self.cfg.eval_batch)
+        self.run["results"]["local_conv_off"] = {"split": split,
+                                                 **{k: v for k, v in res.items() if k.startswith("selector")}}
         shutil.rmtree(out)
         return True
 
     def stage_eval(self) -> bool:
-        if self.left() < 120:
-            return False
-        t = time.time()
-        res = self._evaluate(self.state / "drafter")
-        res["local_conv_on"] = {k: res.pop(k) for k in list(res) if k.startswith("selector")}
-        res["block_size"] = self.cfg.block_size
-        res["device"] = self._device_name()
-        res["shipped_bytes"] = shipped_bytes(self.state / "target", self.state / "drafter")
-        res["wall_s"] = round(time.time() - t, 1)
-        self.run["results"].update(res)
-        self.log(f"eval: {res}")
+        """Each evaluation split in turn (CER, spec == ar, tau per selector setting), saved as it finishes; a call
+        with under two minutes left leaves the remaining splits to the next."""
+        cfg, done = self.cfg, self.run["results"].setdefault("splits", {})
+        with self._engine(self.state / "drafter") as engine:
+            for split in cfg.splits():
+                if split in done:
+                    continue
+                if self.left() < 120:
+                    return False
+                t = time.time()
+                res = evaluate(engine, split_pngs(split, cfg.eval_docs), cfg.eval_max_tokens, cfg.eval_batch)
+                res["local_conv_on"] = {k: res.pop(k) for k in list(res) if k.startswith("selector")}
+                res["wall_s"] = round(time.time() - t, 1)
+                done[split] = res
+                self.save_run()
+                self.log(f"eval {split}: cer {res['cer_ar']:.4f} "
+                         f"tau {res['local_conv_on'].get('selector_on', {}).get('tau')}")
+        self.run["results"].update(docs=cfg.eval_docs, block_size=cfg.block_size, device=self._device_name(),
+                                   shipped_bytes=shipped_bytes(self.state / "target", self.state / "drafter"))
         return True
 
 
