@@ -7,15 +7,13 @@
 # Between calls, `python -m ocria.train probe --state .train` (CPU, seconds) gives the target's greedy CER now.
 # Repeat until `python -m ocria.train status --state .train` says stage "done", then
 # `python -m ocria.train ship --state .train` copies target/ and drafter/ into ocria/assets/ocria-mini.
-# The defaults (ocria/train/run.py TrainConfig) are the plan for ~3 calls: 5600 target steps on every
-# document kind, then the drafter with its local-conv-off ablation beside it, and the held-out evaluation. The
-# shipped weights did not come from that plan: runs 5 and 6 took 19700 target steps (batch 64, then 256 from
-# step 13236) over many calls, with generator and loader fixes made between calls; run 7 started from run 6's
-# exported target for 1400 more steps, then trained the 4-layer drafter for 2200 steps (batch 128, 32 anchors,
-# one fixed-point pass); run 8 took the target 1500 + 1600 steps further on unseen documents (data_offset, two
-# state directories, the second with STATE=.train9) and fine-tuned run 7's drafter 500 steps (init_drafter).
-# bench/results/train_h200/README.md records every call's overrides, and SHIPPED.json run 8's last state;
-# a from-scratch rerun has not been done.
+# The training pages are the READING mixture (ocria/data/config.py; docs/reading_data.md): broad text, many fonts
+# and layouts, scan effects, with two font families and one layout family held out for evaluation. The shipped
+# weights predate it: they were trained on the classic generator (runs 5-8; their record is in git history,
+# d29890ee5c1b:bench/results/train_h200/README.md). To fine-tune them on the mixture, start from them:
+#   STATE=.train_read tools/train_ocria_mini.sh --set init_target=ocria/assets/ocria-mini/target \
+#     --set init_drafter=ocria/assets/ocria-mini/drafter --set ablation=false
+# then `python -m ocria.train eval --engine DIR` gives CER and acceptance per split.
 # Extra arguments go to `python -m ocria.train run` (e.g. --set ablation=false when time is short).
 set -euo pipefail
 cd "$(dirname "$0")/.."
