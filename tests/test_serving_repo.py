@@ -1,6 +1,5 @@
 """Model repository generation and validation, request parsing, and the engine loop (no server)."""
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -78,22 +77,6 @@ def test_leftover_placeholder_and_bad_wiring_are_refused(tmp_path, engine_dir):
                                                                                      '      input_map', 1))
     with pytest.raises(ConfigError, match="'_nowhere' feeds ocria_engine.pixel_bytes before it exists"):
         validate_repo(out)
-
-
-def test_tensorrt_llm_variant_structure(tmp_path, engine_dir):
-    import yaml
-
-    out = write_repo(tmp_path / "trt", RepoOptions(engine_dir, backend="tensorrt-llm"))
-    configs = validate_repo(out, "tensorrt-llm")
-    assert set(configs) == {"tensorrt_llm"} and configs["tensorrt_llm"].model_transaction_policy.decoupled
-    opts = yaml.safe_load((out / "tensorrt_llm" / "1" / "model.yaml").read_text())
-    assert opts["model"] == str(engine_dir.resolve() / "target") and opts["backend"] == "pytorch"
-    spec = opts["speculative_config"]
-    drafter = json.loads((engine_dir / "drafter" / "config.json").read_text())
-    assert spec == {"decoding_type": "DFlash", "max_draft_len": drafter["block_size"] - 1, "speculative_model_dir":
-                    str(engine_dir.resolve() / "drafter"), "mask_token_id": drafter["dflash_config"]["mask_token_id"],
-                    "target_layer_ids": drafter["dflash_config"]["target_layer_ids"]}
-    assert opts["triton_config"] == {"max_batch_size": 64, "decoupled": True}
 
 
 def test_request_parsing():

@@ -17,13 +17,16 @@ export): where a server's time goes, stage by stage. The server's
 numbers cover the scrape window, so they include warmup requests still running when it opens (with ``--warmup 0``
 they match the client's requests exactly).
 
-Requests go through a ``Backend`` (``TritonBackend``: the ``ocria`` ensemble over gRPC); the measurement code only
-sees the chunks it yields, so another protocol (e.g. an OpenAI-compatible HTTP server) is one more class.
+Requests go through a ``Backend`` (``--backend triton``: the ``ocria`` ensemble over gRPC; ``--backend openai``: OpenAI
+chat completions over HTTP, e.g. ``ocria serve --frontend dynamo``); the measurement code only sees the chunks it
+yields, so both paths are measured alike.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import math
 import random
 import re
@@ -89,6 +92,7 @@ class BenchConfig:
     seed: int
     timeout_s: float
     out: Path
+    backend: str = "triton"  # triton | openai
 
     @property
     def sweep(self) -> str:
@@ -167,6 +171,103 @@ class TritonBackend:
         """Yield the ensemble's chunks (``ocria.serving.client.Chunk``) for one request."""
         return self._client.generate(image, prompt=params.prompt, stream=params.stream, max_tokens=params.max_tokens,
                                      temperature=params.temperature, seed=seed)
+
+
+@dataclass
+class ChatReply:
+    """One chunk of an OpenAI chat completion."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+
+
+def _image_type(image: bytes) -> str:
+    if image.startswith(b"\x89PNG"):
+        return "image/png"
+    if image.startswith(b"\xff\xd8"):
+        return "image/jpeg"
+    if image[:4] == b"RIFF" and image[8:12] == b"WEBP":
+        return "image/webp"
+    return "application/octet-stream"
+
+
+class OpenAIBackend:
+    """An OpenAI-compatible ``/v1/chat/completions`` server (``ocria serve --frontend dynamo``): the image goes as a
+    data URI. Token ids come from each chunk's ``nvext.token_ids`` (ocria's Dynamo workers send them); a server that
+    sends none gives null token numbers."""
+
+    name = "openai-chat"
+
+    def __init__(self, url: str, timeout_s: float, model: str = "ocria"):
+        """Args:
+            url: the server's base URL, http://HOST:PORT (http:// is added to a bare HOST:PORT).
+            timeout_s: seconds to wait for each response of a request.
+            model: the ``model`` of each request.
+        """
+        self.url = (url if "://" in url else f"http://{url}").rstrip("/")
+        self.timeout_s = timeout_s
+        self.model = model
+
+    def check(self) -> None:
+        """Raise OcriaError unless ``/v1/models`` of the server lists ``model``."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/v1/models", timeout=min(self.timeout_s, 10.0)) as r:
+                models = [m.get("id") for m in json.loads(r.read()).get("data", [])]
+        except (OSError, ValueError) as e:
+            raise OcriaError(f"cannot reach an OpenAI-compatible server at {self.url} ({_one_line(e)})") from None
+        if self.model not in models:
+            raise OcriaError(f"the server at {self.url} serves no model '{self.model}' (it lists {models})")
+
+    def send(self, image: bytes, params: RequestParams, seed: int) -> Iterator[Reply]:
+        """Yield the chunks of one chat completion (one for a non-streaming request)."""
+        content = [{"type": "image_url", "image_url": {
+            "url": f"data:{_image_type(image)};base64,{base64.b64encode(image).decode()}"}}]
+        if params.prompt is not None:
+            content.insert(0, {"type": "text", "text": params.prompt})
+        body = {"model": self.model, "messages": [{"role": "user", "content": content}], "stream": params.stream,
+                "seed": seed}
+        if params.max_tokens is not None:
+            body["max_tokens"] = params.max_tokens
+        if params.temperature is not None:
+            body["temperature"] = params.temperature
+        request = urllib.request.Request(f"{self.url}/v1/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as r:
+                if not params.stream:
+                    yield self._reply(json.loads(r.read()), "message")
+                    return
+                for line in r:
+                    data = line.decode("utf-8").strip()
+                    if not data.startswith("data:"):
+                        continue
+                    data = data[len("data:"):].strip()
+                    if data == "[DONE]":
+                        return
+                    yield self._reply(json.loads(data), "delta")
+        except urllib.error.HTTPError as e:
+            raise OcriaError(f"HTTP {e.code}: {_error_message(e.read())}") from None
+        except (OSError, ValueError) as e:
+            raise OcriaError(f"{self.url}: {_one_line(e)}") from None
+
+    @staticmethod
+    def _reply(chunk: dict, part: str) -> ChatReply:
+        if "error" in chunk:
+            raise OcriaError(_error_message(json.dumps(chunk)))
+        choice = (chunk.get("choices") or [{}])[0]
+        ids = (chunk.get("nvext") or {}).get("token_ids") or []
+        return ChatReply((choice.get(part) or {}).get("content") or "", list(ids), choice.get("finish_reason"))
+
+
+def _error_message(body: bytes | str) -> str:
+    """The message of an OpenAI-style error body (``{"error": {"message"}}`` or ``{"message"}``)."""
+    try:
+        doc = json.loads(body)
+        error = doc.get("error", doc)
+        return _one_line(str(error.get("message", error)))
+    except (ValueError, AttributeError):
+        return _one_line(body.decode("utf-8", "replace") if isinstance(body, bytes) else body)
 
 
 def _one_line(error: BaseException) -> str:
@@ -888,9 +989,14 @@ def _sweep_axis(ax, xs: Sequence[float], label: str) -> None:
 
 def add_args(p: argparse.ArgumentParser) -> None:
     """``ocria bench serve``'s flags (imports nothing optional)."""
-    p.add_argument("--url", default="127.0.0.1:8001", help="server gRPC address HOST:PORT (default: %(default)s)")
+    p.add_argument("--backend", choices=("triton", "openai"), default="triton",
+                   help="triton: the ocria ensemble over gRPC; openai: OpenAI chat completions over HTTP "
+                        "(ocria serve --frontend dynamo) (default: %(default)s)")
+    p.add_argument("--url", help="triton: the gRPC address HOST:PORT (default: 127.0.0.1:8001); openai: the base URL "
+                                 "http://HOST:PORT (default: http://127.0.0.1:8000)")
     p.add_argument("--metrics-url",
-                   help="server Prometheus metrics URL (default: http://HOST:8002/metrics, HOST from --url)")
+                   help="server Prometheus metrics URL (default: triton: http://HOST:8002/metrics, HOST from --url; "
+                        "openai: none)")
     p.add_argument("--no-metrics", action="store_true", help="do not scrape the server's metrics")
     p.add_argument("--images", help="directory of document images (.png .jpg .jpeg .webp); requests cycle through "
                    "them (default: the repository's examples/)")
@@ -935,11 +1041,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     _check(args.max_tokens is None or args.max_tokens >= 1, f"--max-tokens must be >= 1, got {args.max_tokens}")
     _check(args.seed >= 0, f"--seed must be >= 0, got {args.seed}")
     duration = args.duration if args.duration is not None or args.requests is not None else DEFAULT_DURATION_S
-    metrics = None if args.no_metrics else metrics_url(args.url, args.metrics_url)
+    openai = args.backend == "openai"
+    url = args.url or ("http://127.0.0.1:8000" if openai else "127.0.0.1:8001")
+    scraped = not args.no_metrics and not (openai and args.metrics_url is None)
+    metrics = metrics_url(url, args.metrics_url) if scraped else None
     params = RequestParams(args.stream, args.max_tokens, args.temperature, args.prompt)
-    return BenchConfig(args.url, metrics, Path(args.images) if args.images else EXAMPLES, loads,
+    return BenchConfig(url, metrics, Path(args.images) if args.images else EXAMPLES, loads,
                        args.max_concurrency, duration, args.requests, args.warmup, params, args.seed, args.timeout,
-                       Path(args.out))
+                       Path(args.out), args.backend)
 
 
 def _check(ok: bool, message: str) -> None:
@@ -1031,10 +1140,13 @@ def run(args: argparse.Namespace) -> int:
     from ocria.deps import require
 
     config = config_from_args(args)
-    require("tritonclient.grpc", "serve", "ocria bench serve")
+    if config.backend == "triton":
+        require("tritonclient.grpc", "serve", "ocria bench serve")
     images = load_images(config.images)
 
     def make_backend() -> Backend:
+        if config.backend == "openai":
+            return OpenAIBackend(config.url, config.timeout_s)
         return TritonBackend(config.url, config.timeout_s)
 
     backend = make_backend()
