@@ -214,6 +214,7 @@ def _serve_dynamo(args: argparse.Namespace) -> int:
             for w in dead:
                 if w.name not in reported:
                     reported.add(w.name)
+                    deployment.deregister(w)
                     print(f"{w.name} exited (code {w.proc.returncode}); the frontend routes to the others",
                           file=sys.stderr, flush=True)
             if len(dead) == len(deployment.workers):

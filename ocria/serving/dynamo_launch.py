@@ -7,8 +7,10 @@ address a Dynamo process binds is pinned to 127.0.0.1, not only the HTTP one. Di
 environment (``DYN_DISCOVERY_BACKEND``, ``DYN_FILE_KV``, ``ETCD_ENDPOINTS`` ...) are kept, so workers started
 by hand on other machines can join the same deployment.
 
-Ready means: every worker is listed by the frontend's ``/health``. A worker that dies is reported and the
-frontend keeps serving with the others; the frontend dying, or the last worker, stops everything.
+Ready means: every worker is listed by the frontend's ``/health``. A worker that dies is reported, its entries
+are removed from file discovery (a killed worker cannot unregister itself, and the frontend would keep routing
+requests to it), and the frontend keeps serving with the others; the frontend dying, or the last worker, stops
+everything.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 
 from ocria.errors import OcriaError
 from ocria.serving import ENSEMBLE
-from ocria.serving.dynamo_worker import ENDPOINT
+from ocria.serving.dynamo_worker import ENDPOINT, READY_LINE
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Where Dynamo processes bind besides the HTTP port; each defaults to the machine's network address.
@@ -160,6 +162,24 @@ class DynamoDeployment:
 
     def dead_workers(self) -> list[Process]:
         return [w for w in self.workers if w.proc.poll() is not None]
+
+    def deregister(self, worker: Process) -> int:
+        """Remove a dead worker's entries from file discovery, which the frontend watches; returns how many.
+
+        The worker's instance id is in its ready line. Other discovery backends expire a dead worker's lease
+        themselves, and a worker that never became ready registered nothing."""
+        if self.env["DYN_DISCOVERY_BACKEND"] != "file":
+            return 0
+        ready = [line for line in _tail(worker.log, 10_000).splitlines() if line.startswith(READY_LINE)]
+        if not ready or "instance " not in ready[-1]:
+            return 0
+        suffix = "%2F" + ready[-1].rsplit("instance ", 1)[1].rstrip(")")
+        root = Path(self.env["DYN_FILE_KV"]) / "v1"
+        entries = [p for kind in ("instances", "mdc") if (root / kind).is_dir()
+                   for p in (root / kind).iterdir() if p.name.endswith(suffix)]
+        for p in entries:
+            p.unlink(missing_ok=True)
+        return len(entries)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM to the workers (they unregister and drain), then to the frontend; SIGKILL what is left."""

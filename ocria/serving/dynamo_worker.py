@@ -253,7 +253,8 @@ async def serve(opts: WorkerOptions) -> None:
     await register_model(ModelInput.Text, ModelType.Chat, endpoint, opts.model_name, opts.model_name,
                          worker_type=WorkerType.Aggregated, skip_model_assets=True)
     handler = ChatHandler(engine, loop, opts.model_name, InvalidArgument)
-    print(f"{READY_LINE}: model '{opts.model_name}' on {opts.device} (pid {os.getpid()})", flush=True)
+    print(f"{READY_LINE}: model '{opts.model_name}' on {opts.device} (pid {os.getpid()}, instance "
+          f"{endpoint.connection_id():x})", flush=True)
     try:
         await endpoint.serve_endpoint(handler.generate, graceful_shutdown=True)
     finally:
