@@ -26,6 +26,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing engine directory")
     p.add_argument("--max-batch-size", type=int, help="override the preset's max batch size")
     p.add_argument("--max-seq-len", type=int, help="override the preset's max sequence length")
+    p.add_argument("--format-costs", help="format cost table measured on the target GPU (ocria bench formats): "
+                                          "recorded in the manifest, and the auto recipe's per-layer candidates")
+    p.add_argument("--gpu-arch", help="without --format-costs: the target GPU's architecture for the default "
+                                      "cost table (sm_90, sm_100; default: this machine's GPU, else sm_90)")
 
 
 def cmd_engine(args: argparse.Namespace) -> int:
@@ -34,7 +38,8 @@ def cmd_engine(args: argparse.Namespace) -> int:
     profile = {k: v for k, v in (("max_batch_size", args.max_batch_size), ("max_seq_len", args.max_seq_len))
                if v is not None}
     out = build_engine(args.out, args.target, args.drafter, args.recipe, args.preset, args.force, args.calib,
-                       args.allow_vision_quant, profile, device=args.device)
+                       args.allow_vision_quant, profile, device=args.device, format_costs=args.format_costs,
+                       target_arch=args.gpu_arch)
     print(f"engine written to {out}")
     return 0
 
@@ -99,17 +104,18 @@ def _serving(name: str) -> tuple[Callable, Callable]:
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    from ocria.bench import engine, serve
+    from ocria.bench import engine, formats, serve
 
     sub = p.add_subparsers(dest="bench", required=True)
     engine.add_args(sub.add_parser("engine", help="offline throughput and latency of an engine"))
     serve.add_args(sub.add_parser("serve", help="load generator against a running server"))
+    formats.add_args(sub.add_parser("formats", help="format cost table: each format's decode GEMMs on this device"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ocria.bench import engine, serve
+    from ocria.bench import engine, formats, serve
 
-    return {"engine": engine.run, "serve": serve.run}[args.bench](args)
+    return {"engine": engine.run, "serve": serve.run, "formats": formats.run}[args.bench](args)
 
 
 def _dispatch(prog: str, commands: dict[str, tuple[str, Callable, Callable]], argv: list[str] | None) -> int:

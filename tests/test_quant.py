@@ -594,7 +594,8 @@ def test_norms_write_the_fp8_inputs_of_the_fp8_layers_after_them(engines, monkey
     pos = torch.arange(6).expand(3, 1, 6)
     calls = []  # FP8 layers that quantize their own input (on CPU: QuantLinear._emulate_fp8)
     real = QuantLinear._emulate_fp8
-    monkeypatch.setattr(QuantLinear, "_emulate_fp8", lambda self, x: calls.append(self.name) or real(self, x))
+    monkeypatch.setattr(QuantLinear, "_emulate_fp8",
+                        lambda self, x, *out: calls.append(self.name) or real(self, x, *out))
     with torch.no_grad():
         fused = text(embeds, pos)[0]
         own_in_fused = len(calls)

@@ -304,6 +304,7 @@ def _preset_models(cfg: BenchConfig, dtype: torch.dtype, plain: bool) -> Models:
         from ocria.quant.direct import quantize_in_place
 
         formats = quantize_in_place(target, recipe)
+        drafter.bind(target.text.embed_tokens, target.lm_head)  # the recipe's FP8 head, if any, replaced the bound one
     target.set_plugins(cfg.plugins)
     fuse = cfg.fuse and not plain
     if not plain:

@@ -2,6 +2,10 @@
 
 Everything is written into a temporary directory beside ``out`` and renamed into place at the end,
 so an interrupted or failed build never leaves a half-written engine.
+
+The manifest records the format cost table the build planned with (``format_costs``, ``ocria.quant.costs``): the
+one given (``format_costs``, measured on the device by ``ocria bench formats``), or the default model of the target
+GPU architecture (``gpu_arch``; else the build machine's; else ``DEFAULT_ARCH``), marked ``"source": "default"``.
 """
 
 import datetime as dt
@@ -19,6 +23,7 @@ from ocria.device import resolve_device
 from ocria.errors import OcriaError
 from ocria.manifest import MANIFEST, file_table
 from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+from ocria.quant.costs import DEFAULT_ARCH, DEFAULT_MODELS, CostTable, decode_gemms
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
                    "special_tokens_map.json", "chat_template.jinja")
@@ -38,15 +43,22 @@ def _tokenizer_source(target_dir: Path, fallback: Path) -> Path:
 def build_engine(out: str | Path, target: str | Path | None = None, drafter: str | Path | None = None,
                  recipe: str | None = None, preset: str = "ocria-mini", force: bool = False,
                  calib: str = "synthetic:32", allow_vision_quant: bool = False,
-                 profile: dict | None = None, progress: bool = True, device: str = "cpu") -> Path:
+                 profile: dict | None = None, progress: bool = True, device: str = "cpu",
+                 format_costs: str | Path | None = None, target_arch: str | None = None) -> Path:
     """Build an engine directory at ``out`` and return its path. ``device`` is where a quantized build
-    calibrates and checks accuracy (the written engine is the same file format either way)."""
+    calibrates and checks accuracy (the written engine is the same file format either way); ``format_costs`` (a
+    measured table's JSON) or ``target_arch`` (its default model) is the cost table of the GPU it is built for."""
     out = Path(out)
     if out.exists() and not force:
         raise OcriaError(f"{out} already exists (use --force to replace it)")
     if drafter is not None and target is None:
         raise OcriaError("--drafter needs --target (the drafter must match its target)")
     spec = load_preset(preset)
+    if format_costs is not None and target_arch is not None:
+        raise OcriaError("--format-costs and --gpu-arch both name the GPU's costs: a measured table has its own arch")
+    costs = CostTable.load(format_costs) if format_costs is not None else None
+    if target_arch is not None and target_arch not in DEFAULT_MODELS:
+        raise OcriaError(f"--gpu-arch {target_arch}: no default format cost model (known: {', '.join(DEFAULT_MODELS)})")
     quant = None
     if recipe not in (None, "bf16"):
         from ocria.quant.calibrate import check_calib_spec
@@ -69,13 +81,17 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
         steps.update()
         steps.set_postfix_str("target")
         model = OCRiaForConditionalGeneration.from_pretrained(target_dir)
+        gemms = decode_gemms(model.text_config)
+        if costs is None:
+            costs = CostTable.default(target_arch or gpu_arch() or DEFAULT_ARCH, gemms)
+        costs.check_covers(gemms)
         if quant is None:
             save_target(model, tmp / "target", torch.bfloat16)
         else:
             from ocria.quant.build import quantize_target
 
             report = quantize_target(model.to(calib_device), quant, calib, tmp / "target",
-                                     _tokenizer_source(target_dir, spec.assets), progress=progress)
+                                     _tokenizer_source(target_dir, spec.assets), progress=progress, costs=costs)
             (tmp / "accuracy.json").write_text(json.dumps(report, indent=2) + "\n")
         steps.update()
         block_size = 1
@@ -108,6 +124,7 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
             "sources": sources,
             "recipe": recipe or "bf16",
             "profile": {**build_profile, "block_size": block_size, "dtype": "bfloat16", "gpu_arch": gpu_arch()},
+            "format_costs": costs.to_json(),
             "files": file_table(tmp),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -6,8 +6,9 @@ from torch import Tensor, nn
 
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
-from ocria.models.layers import ZeroCenteredRMSNorm, dense
+from ocria.models.layers import ZeroCenteredRMSNorm, dense, prologue_dense
 from ocria.plugins.decode_attention import decode_attention
+from ocria.plugins.gemm_prologue import Prologue
 from ocria.plugins.kv_write import kv_write
 from ocria.plugins.sigmoid_gate import sigmoid_gate
 
@@ -69,4 +70,6 @@ class GatedAttention(nn.Module):
             kv_write(cache.k[i], cache.v[i], k, v, rows, pos, use_kernel=self.use_kernel)
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
                                  attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
-        return dense(self.o_proj, sigmoid_gate(o.transpose(1, 2), gate, self.use_kernel), self.use_kernel)
+        o = o.transpose(1, 2)
+        y = prologue_dense(self.o_proj, Prologue.SIGMOID_GATE, o, gate, self.use_kernel)  # the gate in o_proj's launch
+        return y if y is not None else dense(self.o_proj, sigmoid_gate(o, gate, self.use_kernel), self.use_kernel)

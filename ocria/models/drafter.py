@@ -59,6 +59,12 @@ def rope_table(head_dim: int, theta: float, length: int, dtype: torch.dtype, dev
     return torch.stack(rope_cos_sin(positions, inverse_frequencies(head_dim, theta, device), dtype))
 
 
+def _float_weight(module: nn.Module) -> bool:
+    """Whether ``module`` has a floating-point ``weight`` the drafter can slice rows of."""
+    weight = getattr(module, "weight", None)
+    return isinstance(weight, Tensor) and weight.is_floating_point()
+
+
 class DrafterAttention(nn.Module):
     use_kernel: bool | None = None  # plugins switch (``DFlash2Drafter.set_plugins``) for the cached attention
 
@@ -143,9 +149,9 @@ class DFlash2Drafter(nn.Module):
             raise ConfigError(
                 f"drafter hidden_size={self.config.hidden_size} differs from the target's "
                 f"{embed_tokens.weight.shape[1]}")
-        if self.config.draft_vocab_size and type(lm_head) is not nn.Linear:
+        if self.config.draft_vocab_size and not (hasattr(lm_head, "rows") or _float_weight(lm_head)):
             raise ConfigError(f"drafter draft_vocab_size={self.config.draft_vocab_size} needs the target's LM head "
-                              f"as a plain linear, got {type(lm_head).__name__} (leave the head unquantized)")
+                              f"as a plain linear or a quantized one with row views, got {type(lm_head).__name__}")
         object.__setattr__(self, "embed_tokens", embed_tokens)
         object.__setattr__(self, "lm_head", lm_head)
         return self
@@ -200,9 +206,14 @@ class DFlash2Drafter(nn.Module):
         return self.head(out), conf
 
     def head(self, out: Tensor) -> Tensor:
-        """Drafted logits: the target's LM head, or its first ``draft_vocab_size`` rows."""
+        """Drafted logits: the target's LM head, or its first ``draft_vocab_size`` rows (a quantized head's
+        ``rows`` view: the same format and scales as the target's)."""
         vd = self.config.draft_vocab_size
-        return F.linear(out, self.lm_head.weight[:vd]) if vd else self.lm_head(out)
+        if not vd:
+            return self.lm_head(out)
+        if hasattr(self.lm_head, "rows"):
+            return self.lm_head.rows(vd)(out)
+        return F.linear(out, self.lm_head.weight[:vd])
 
     def propose(self, logits: Tensor, cache: DrafterCache, slots: Tensor) -> Tensor:
         """Drafted tokens [B, Bs-1] from the drafted logits (greedy; a hook benchmarks override)."""

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from ocria.models.cache import TargetCache
 from ocria.models.config import TextConfig
 from ocria.models.gdn_chunked import chunk_gated_delta_rule
-from ocria.models.layers import GatedRMSNorm, dense
+from ocria.models.layers import GatedRMSNorm, dense, prologue_dense
+from ocria.plugins.gemm_prologue import Prologue
 from ocria.plugins.replay_ssm import ops
 from ocria.plugins.replay_ssm.reference import conv_window, delta_step, fold_pending, gdn_gates, l2norm
 
@@ -123,9 +124,13 @@ class GatedDeltaNet(nn.Module):
             o, state = prefill_recurrence(q, k, v, g, beta, state)
             if cache is not None:
                 cache.ssm[i][slots] = state
+        o = o.to(qkv.dtype)
+        y = prologue_dense(self.out_proj, Prologue.GATED_NORM, o, z, self.use_kernel, self.norm)
+        if y is not None:  # the gated norm (and an FP8 out_proj's input quantization) in out_proj's launch
+            return y
         quant = getattr(self.out_proj, "input_quant", None)
         if quant is not None:  # an FP8 out_proj: the norm's launch writes its FP8 input
-            q8, token_scales = self.norm.fp8(o.to(qkv.dtype), z, *quant)
+            q8, token_scales = self.norm.fp8(o, z, *quant)
             return self.out_proj.forward_fp8(q8, token_scales, qkv.dtype)
-        o = self.norm(o.to(qkv.dtype), z)
+        o = self.norm(o, z)
         return dense(self.out_proj, o.reshape(B, T, self.value_dim), self.use_kernel)

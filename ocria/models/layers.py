@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_norm
+from ocria.plugins.gemm_prologue import Prologue, prologue_gemm
 from ocria.plugins.rms_norm import (
     add_plain_rms_norm,
     add_rms_norm,
@@ -251,6 +252,29 @@ def norm_mlp(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, ml
     return s, mlp.silu_down(gate_up)
 
 
+def prologue_dense(linear: nn.Module, kind: Prologue, a: Tensor, b: Tensor, use_kernel: bool | None,
+                   norm: "GatedRMSNorm | None" = None) -> Tensor | None:
+    """``linear(op(a, b))`` for a, b [B, T, H, D] in one launch (``ocria::prologue_gemm``: the op ``kind`` in the
+    GEMM's K loop) when ``linear`` is a bias-free bf16 ``nn.Linear`` or an FP8 layer (``input_quant``: the op's output
+    quantized in the same place) and the kernel takes the call; None otherwise, and the caller runs the op, then the
+    layer. ``norm``: the gated RMSNorm of ``Prologue.GATED_NORM``."""
+    if getattr(linear, "bias", None) is not None:
+        return None
+    if type(linear) is nn.Linear:
+        x_mode, x_scale, w_scale = "bf16", None, None
+    elif getattr(linear, "input_quant", None) is not None:
+        (x_mode, x_scale), w_scale = linear.input_quant, linear.weight_scale
+    else:
+        return None
+    norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
+    return prologue_gemm(kind, a, b, linear.weight, norm_weight, eps, x_mode, x_scale, w_scale, use_kernel)
+
+
+def gate_up_halves(gate_up: Tensor) -> tuple[Tensor, Tensor]:
+    """A fused gate/up output [..., 2I] as the SiLU-multiply prologue's inputs: gate and up [..., 1, I] (views)."""
+    return tuple(t.unsqueeze(-2) for t in gate_up.chunk(2, dim=-1))
+
+
 def dense(linear: nn.Module, x: Tensor, use_kernel: bool | None) -> Tensor:
     """``linear(x)``; a plain bf16 ``nn.Linear`` of a decode or verify step (<= 16 rows) runs as the
     one-launch decode GEMM (``ocria::decode_gemm``), quantized executors as themselves."""
@@ -278,8 +302,11 @@ class SwiGLU(nn.Module):
         return self.silu_down(decode_gemm(x, fused[0], use_kernel=self.use_kernel))
 
     def silu_down(self, gate_up: Tensor) -> Tensor:
-        """Inference, after the one gate/up GEMM: SiLU-multiply in one pass (the two roundings of
-        ``F.silu(gate) * up``), then down_proj."""
+        """Inference, after the one gate/up GEMM: SiLU-multiply (the two roundings of ``F.silu(gate) * up``) in
+        down_proj's K loop (``prologue_dense``), else in one pass of its own, then down_proj."""
+        y = prologue_dense(self.down_proj, Prologue.SILU_MUL, *gate_up_halves(gate_up), self.use_kernel)
+        if y is not None:
+            return y
         h, _ = silu_mul_quant(gate_up, "bf16", use_kernel=self.use_kernel)
         return dense(self.down_proj, h, self.use_kernel)
 

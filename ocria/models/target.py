@@ -75,10 +75,13 @@ class _LMBase(nn.Module):
     def logits(self, hidden: Tensor) -> Tensor:
         """fp32 logits. On CUDA a bf16/fp16 head accumulates straight into fp32 (the decode GEMM with fp32
         output for up to 16 rows, else ``mm`` with ``out_dtype``): rounding logits to bf16 would create ties
-        that flip greedy tokens."""
+        that flip greedy tokens. A quantized head (``fp32_logits``: an FP8 ``QuantLinear``) returns its fp32 sums
+        the same way."""
         head = self.lm_head
         if hidden.is_cuda and hidden.dtype != torch.float32 and type(head) is nn.Linear:
             return decode_gemm(hidden, head.weight, use_kernel=self.use_kernel, out_fp32=True)
+        if getattr(head, "fp32_logits", False):
+            return head(hidden, out_fp32=True)
         return head(hidden).float()
 
     def set_plugins(self, use_kernel: bool | None) -> None:

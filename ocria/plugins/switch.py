@@ -22,11 +22,13 @@ from ocria.errors import OcriaError
 # default because it takes 8-12% less time at T = 16 on the H200 (batch 8 to 64, same call).
 KERNELS = ("replay_ssm", "silu_quant", "nvfp4_gemm", "rms_norm", "decode_attention", "decode_gemm",
            "decode_gemm_norm", "kv_write", "sigmoid_gate", "nvfp4_ptx", "decode_gemm_fp8", "nvfp4_gemv",
-           "replay_ssm_ws")
+           "replay_ssm_ws", "gemm_prologue")
 DISABLE_ENV = "OCRIA_DISABLE_KERNELS"
 # Off unless named in OCRIA_ENABLE_KERNELS. decode_gemm_norm: the norm folded into the GEMM made the H200's
-# bf16 batch-1 decode step slower (2.41 against 2.30 ms).
-OPT_IN = ("decode_gemm_norm",)
+# bf16 batch-1 decode step slower (2.41 against 2.30 ms). gemm_prologue: the SiLU-multiply, the attention's sigmoid
+# gate and the GDN's gated norm computed in the K loop of the GEMM after them (ocria/plugins/gemm_prologue), one
+# launch per op fewer; opt-in until a GPU timing shows the fewer launches pay for the longer K loop.
+OPT_IN = ("decode_gemm_norm", "gemm_prologue")
 ENABLE_ENV = "OCRIA_ENABLE_KERNELS"
 
 

@@ -5,6 +5,10 @@
 - ``calibrate``: calibration and held-out documents, the prefill + decode forward loop.
 - ``export``: ModelOpt unified HF checkpoint of the target (``hf_quant_config.json``).
 - ``load``: that checkpoint back as a runtime target with quantized linears (``linear``).
+- ``head``: the recipe's FP8 LM head (untied from the embeddings).
+- ``costs``: format cost tables (measured by ``ocria bench formats`` or a GPU architecture's default) and the
+  per-layer candidates the ``auto`` search takes from them.
 - ``accuracy``: quantized vs BF16 teacher on held-out documents.
 - ``build``: ``quantize_target``, the builder's entry point.
+- ``direct``: calibration-free quantization of random weights, for ``ocria bench engine --recipe``.
 """

@@ -5,21 +5,29 @@ then ModelOpt quantizes the model with max calibration over real prefill + decod
 (``mtq.quantize``, or ``mtq.auto_quantize`` for recipes with ``auto``), ModelOpt's exporter writes
 the unified HF checkpoint, and the checkpoint is loaded back the way the runtime loads it to measure
 what will actually run.
+
+``auto`` searches each layer among the formats the build's format cost table (``ocria.quant.costs``) lets through
+for its GEMM (``gpu_aware``, the default); a recipe's FP8 ``lm_head`` is untied from the embeddings
+(``ocria.quant.head``), quantized with the rest (in ``auto``: fixed to its format, and counted in the bits budget),
+and measured alone in the report against the BF16 head.
 """
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from ocria.models import OCRiaForConditionalGeneration
-from ocria.quant.accuracy import accuracy_report, format_report, teacher_pass
+from ocria.quant.accuracy import accuracy_report, format_report, head_report, teacher_pass
 from ocria.quant.calibrate import Sample, calibration_set, check_calib_spec, forward_loop, heldout_set
+from ocria.quant.costs import DEFAULT_ARCH, CostTable, Gemm, decode_gemms, gemm_of
 from ocria.quant.export import export_target, storage_tensors
+from ocria.quant.head import untie_head
 from ocria.quant.load import load_quantized_target, quantized_layers
-from ocria.quant.recipe import FORMAT_BITS, Recipe
+from ocria.quant.recipe import FORMAT_BITS, HEAD, Recipe
 from ocria.runtime.processor import Processor
 
 CALIB_DECODE_STEPS = 8
@@ -46,42 +54,90 @@ def _full_logits(model: torch.nn.Module, sample: Sample, continuation: list[int]
     return model(ids, p.pixel_values.to(device), p.image_grid_thw.to(device))
 
 
+def search_spaces(searchable: list[str], formats: list[str], costs: CostTable,
+                  gemms: list[Gemm]) -> tuple[list[dict], list[str], dict[str, list[str]]]:
+    """ModelOpt ``module_search_spaces`` that narrow each searched layer to ``costs.candidates`` of its GEMM.
+
+    Returns:
+        (search space entries for layers with fewer candidates than ``formats``, layers left with no candidate (they
+        stay BF16: every quantized format of their GEMM is slower), GEMM name -> its candidates).
+    """
+    from ocria.quant.modelopt_cfg import preset
+
+    spaces, none, chosen = [], [], {}
+    for gemm in gemms:
+        layers = [n for n in searchable if gemm_of(n, gemms) is gemm]
+        if not layers:
+            continue
+        allowed = list(costs.candidates(gemm.name, tuple(formats)))
+        chosen[gemm.name] = allowed
+        if not allowed:
+            none += layers
+        elif allowed != formats:
+            spaces.append({"module_name_patterns": layers, "quantization_formats": [preset(f) for f in allowed]})
+    return spaces, none, chosen
+
+
 def _auto_quantize(model: OCRiaForConditionalGeneration, recipe: Recipe, samples: list[Sample],
-                   continuations: list[list[int]], notes: list[str]) -> dict:
+                   continuations: list[list[int]], notes: list[str], costs: CostTable, loop: Callable) -> dict:
     import modelopt.torch.quantization as mtq
 
-    from ocria.quant.modelopt_cfg import preset
+    from ocria.quant.modelopt_cfg import head_entries, head_preset, preset
 
     modules = dict(model.named_modules())
     searchable = [n for n, f in recipe.formats(modules).items() if f != "bf16"]
-    # Every other module with a weight matrix stays out of the search and its bit accounting: ModelOpt also
-    # searches convolutions (the GDN conv1d, the vision patch embedding), which count as FP8 in its budget
-    # while the export keeps them bf16.
-    disabled = [n for n, m in modules.items()
-                if n not in searchable and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
     formats = list(recipe.auto.formats)
     if not _cuda(model) and "nvfp4" in formats:
         formats.remove("nvfp4")
         notes.append("auto: NVFP4 left out of the search on CPU (ModelOpt's NVFP4 fake quantization, which "
                      "scores it, needs CUDA)")
+    spaces, kept_bf16, allowed = [], [], {}
+    reachable = set(formats)  # the formats some searched layer may take
+    if recipe.auto.gpu_aware and formats:
+        gemms = decode_gemms(model.text_config)
+        spaces, kept_bf16, allowed = search_spaces(searchable, formats, costs, gemms)
+        searchable = [n for n in searchable if n not in kept_bf16]
+        reachable = {f for c in allowed.values() for f in c}
+        if any(gemm_of(n, gemms) is None for n in searchable):  # layers outside the table keep every format
+            reachable |= set(formats)
+    if recipe.lm_head is not None:  # fixed to its format, and in the budget
+        spaces.append({"module_name_patterns": [HEAD], "quantization_formats": [head_preset(recipe.lm_head)],
+                       "allow_no_quant": False})
+    quantized = [*searchable, *([HEAD] if recipe.lm_head is not None else [])]
+    # Every other module with a weight matrix stays out of the search and its bit accounting: ModelOpt also
+    # searches convolutions (the GDN conv1d, the vision patch embedding), which count as FP8 in its budget
+    # while the export keeps them bf16.
+    disabled = [n for n, m in modules.items()
+                if n not in quantized and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() >= 2]
     bits = recipe.auto.effective_bits
-    floor = min(FORMAT_BITS[f] for f in formats) if formats else 16.0
-    if not formats:
-        return {"effective_bits_target": bits, "formats": [], "searched_layers": len(searchable)}
+    out = {"effective_bits_target": bits, "formats": formats, "gpu_aware": recipe.auto.gpu_aware,
+           "candidates": allowed, "kept_bf16_by_costs": len(kept_bf16), "searched_layers": len(searchable)}
+    if not formats or not searchable:
+        if recipe.lm_head is not None:  # nothing to search: the head alone, calibrated as a rule recipe's
+            mtq.quantize(model, {"quant_cfg": [{"quantizer_name": "*", "enable": False},
+                                               *head_entries(recipe.lm_head)], "algorithm": "max"}, loop)
+        return out
+    floor = min(FORMAT_BITS[f] for f in reachable)
     if bits < floor:
-        notes.append(f"auto: effective_bits {bits} is below what {formats} can reach; searched at {floor}")
+        notes.append(f"auto: effective_bits {bits} is below what {sorted(reachable)} (the formats the searched layers "
+                     f"may take) can reach; searched at {floor}")
         bits = floor
     batches = list(zip(samples, continuations, strict=True))
     _, state = mtq.auto_quantize(
         model, constraints={"effective_bits": bits, "cost": {"excluded_module_name_patterns": disabled}},
-        quantization_formats=[preset(f) for f in formats],
+        quantization_formats=[preset(f) for f in formats], module_search_spaces=spaces or None,
         data_loader=batches, forward_step=lambda m, b: _full_logits(m, *b), method=recipe.auto.score,
         disabled_layers=disabled, num_calib_steps=len(batches), num_score_steps=len(batches), verbose=False)
     best = state.get("best", {})
-    return {"effective_bits_target": recipe.auto.effective_bits, "effective_bits_searched": bits,
+    return {**out, "effective_bits_searched": bits,
             "effective_bits_chosen": best.get("constraints", {}).get("effective_bits"),  # ModelOpt's accounting
-            "budget_met": bool(best.get("is_satisfied", False)),
-            "formats": formats, "score": recipe.auto.score, "searched_layers": len(searchable)}
+            "budget_met": bool(best.get("is_satisfied", False)), "score": recipe.auto.score}
+
+
+def _weight_bytes(layer: torch.nn.Module) -> int:
+    """Bytes of a layer's stored weight and scales."""
+    return sum(t.numel() * t.element_size() for t in layer.buffers()) + sum(
+        t.numel() * t.element_size() for t in layer.parameters())
 
 
 def calibration_algorithm(recipe: Recipe, formats: dict[str, str], cuda: bool, notes: list[str]) -> str:
@@ -107,10 +163,12 @@ def _save_plain(model: OCRiaForConditionalGeneration, directory: Path) -> None:
 
 def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_spec: str, out_dir: str | Path,
                     tokenizer_dir: str | Path, progress: bool = True, heldout_docs: int | None = None,
-                    calib_decode_steps: int | None = None, heldout_decode_steps: int | None = None) -> dict:
+                    calib_decode_steps: int | None = None, heldout_decode_steps: int | None = None,
+                    costs: CostTable | None = None) -> dict:
     """Quantize ``model`` (modified in place) by ``recipe``, write the checkpoint to ``out_dir`` and
     return the accuracy report (also printed when ``progress``). Sizes default to the module's
-    ``HELDOUT_DOCS`` / ``CALIB_DECODE_STEPS`` / ``HELDOUT_DECODE_STEPS``."""
+    ``HELDOUT_DOCS`` / ``CALIB_DECODE_STEPS`` / ``HELDOUT_DECODE_STEPS``; ``costs`` (an ``auto`` recipe's format
+    cost table) to the default model of ``DEFAULT_ARCH``."""
     import modelopt.torch.quantization as mtq
 
     from ocria.quant.modelopt_cfg import quant_cfg
@@ -130,11 +188,19 @@ def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_
     bar.update()
     notes: list[str] = []
     planned = recipe.formats(dict(model.named_modules()))
+    head_reference = None
+    if recipe.lm_head is not None:  # the BF16 head the quantized one is measured against (tied: the embeddings)
+        tied = model.text_config.tie_word_embeddings
+        head_reference = model.text.embed_tokens.weight if tied else model.lm_head.weight.detach().clone()
+        untie_head(model)
     search, algorithm = None, "max"
     bar.set_postfix_str("calibration")
     if recipe.auto is not None:
         continuations = [teacher_pass(model, [s], calib_decode_steps)[0].tokens for s in samples]
-        search = _auto_quantize(model, recipe, samples, continuations, notes)
+        costs = costs or CostTable.default(DEFAULT_ARCH, decode_gemms(model.text_config))
+        search = _auto_quantize(model, recipe, samples, continuations, notes, costs,
+                                forward_loop(samples, calib_decode_steps))
+        search["costs"] = {"arch": costs.arch, "source": costs.source.value, "device": costs.device}
         bar.update(len(samples))
     elif recipe.quantizes:
         algorithm = calibration_algorithm(recipe, planned, _cuda(model), notes)
@@ -167,6 +233,12 @@ def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_
         if not _cuda(model):
             notes.insert(0, NOTES["nvfp4_cpu"])
     report = accuracy_report(student, heldout, teacher, processor.tokenizer, heldout_decode_steps)
+    if head_reference is not None:
+        stored = layers.get(HEAD)
+        report["lm_head"] = {"format": stored or "bf16", "scale": recipe.lm_head.scale.value,
+                             "weight_bytes": _weight_bytes(student.lm_head),
+                             "bf16_weight_bytes": head_reference.numel() * 2,
+                             "alone": head_report(student, heldout, teacher, head_reference, heldout_decode_steps)}
     bar.update()
     bar.close()
     counts = {f: sum(1 for v in formats.values() if v == f) for f in ("bf16", "fp8", "nvfp4")}

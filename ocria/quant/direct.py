@@ -5,7 +5,9 @@ per-tensor ``amax / 448``; NVFP4: ModelOpt's global and 16-element block scales,
 one global scale as ModelOpt's export makes them). FP8 layers get no ``input_scale``, so their
 activations are scaled per token at run time. The bytes and kernels of a step are those of an engine
 built with the same recipe; the numbers are not (no calibration): engines come from
-``ocria-build engine --recipe`` (ModelOpt), this is what ``ocria bench engine --recipe`` times.
+``ocria-build engine --recipe`` (ModelOpt), this is what ``ocria bench engine --recipe`` times. A recipe's
+``lm_head`` unties the head and quantizes it too (``ocria.quant.head``); a drafter bound to the old head must be bound
+to the new one (``DFlash2Drafter.bind``).
 """
 
 import re
@@ -15,9 +17,10 @@ from torch import Tensor, nn
 
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.plugins import numerics as nx
+from ocria.quant.head import head_weight_tensors, untie_head
 from ocria.quant.linear import QuantLinear
 from ocria.quant.load import install_linears
-from ocria.quant.recipe import Recipe
+from ocria.quant.recipe import HEAD, Recipe
 
 
 def quantize_weight(weight: Tensor, fmt: str, amax: Tensor | None = None) -> dict[str, Tensor]:
@@ -36,7 +39,8 @@ def quantize_weight(weight: Tensor, fmt: str, amax: Tensor | None = None) -> dic
 
 @torch.no_grad()
 def quantize_in_place(model: OCRiaForConditionalGeneration, recipe: Recipe) -> dict[str, str]:
-    """Replace the recipe's non-bf16 linears of ``model`` by ``QuantLinear``s; returns name -> format."""
+    """Replace the recipe's non-bf16 linears of ``model`` (and its LM head, with ``lm_head``) by ``QuantLinear``s;
+    returns name -> format."""
     if recipe.auto is not None:
         raise ValueError(f"recipe {recipe.name!r} searches formats with calibration data; name fixed rules")
     modules = dict(model.named_modules())
@@ -53,5 +57,10 @@ def quantize_in_place(model: OCRiaForConditionalGeneration, recipe: Recipe) -> d
         t = quantize_weight(linear.weight, fmt, amax)
         linears[name] = QuantLinear(fmt, t["weight"], linear.bias, t["weight_scale"], t.get("weight_scale_2"),
                                     name=name)
+    if recipe.lm_head is not None:
+        untie_head(model)
+        t = head_weight_tensors(model.lm_head.weight, recipe.lm_head)
+        linears[HEAD] = QuantLinear(recipe.lm_head.format, t["weight"], None, t["weight_scale"], name=HEAD)
+        formats[HEAD] = recipe.lm_head.format
     install_linears(model, linears)
     return formats

@@ -88,8 +88,10 @@ def read_quant_config(directory: Path) -> dict:
     return json.loads(path.read_text()).get("quantization", {}) if path.is_file() else {}
 
 
-# ModelOpt names NVFP4 calibrated with AWQ ``NVFP4_AWQ``: the same tensors plus a per-channel ``pre_quant_scale``
-STORED_AS = {"nvfp4_awq": "nvfp4"}
+# ModelOpt names NVFP4 calibrated with AWQ ``NVFP4_AWQ``: the same tensors plus a per-channel ``pre_quant_scale``;
+# FP8 with per-channel weight scales and per-token activation scales (a recipe's per-channel LM head)
+# ``FP8_PER_CHANNEL_PER_TOKEN``: E4M3 weights with a [N] ``weight_scale`` and no ``input_scale``
+STORED_AS = {"nvfp4_awq": "nvfp4", "fp8_per_channel_per_token": "fp8"}
 
 
 def stored_format(quant_algo: str) -> str:

@@ -19,6 +19,10 @@ dtype once (cached) and FP8 activations are quantized and dequantized with the s
 ``use_kernel`` (attribute, and argument of ``mlp_forward``) is the plugins' switch: None runs the
 Triton kernels (activation quantization, fused SiLU-quant, NVFP4 GEMM) on CUDA and the PyTorch
 references elsewhere; True on CPU runs the kernels in Triton's interpreter (TRITON_INTERPRET=1).
+
+An LM head (``fp32_logits``) is called with ``out_fp32=True``: its sums come back in fp32, not rounded to bf16
+(bf16 logits make ties that flip greedy tokens), and ``rows(n)`` is the head's first n vocabulary rows (the
+drafter's ``draft_vocab_size``) as a view.
 """
 
 import torch
@@ -26,9 +30,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.errors import CheckpointError
+from ocria.models.layers import gate_up_halves, prologue_dense
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_gemm import decode_gemm_fp8
 from ocria.plugins.fp4_gemm import nvfp4_gemm
+from ocria.plugins.gemm_prologue import Prologue
 from ocria.plugins.silu_quant import kernel_enabled, quantize_act, silu_mul_quant
 
 FORMATS = ("bf16", "fp8", "nvfp4")
@@ -56,6 +62,8 @@ def detect_format(tensors: dict[str, Tensor], prefix: str = "") -> str:
 class QuantLinear(nn.Module):
     """``y = x W^T (+ b)`` for one exported layer; build with ``from_tensors``."""
 
+    fp32_logits = True  # as an LM head: ``forward(x, out_fp32=True)`` gives unrounded fp32 sums
+
     def __init__(self, fmt: str, weight: Tensor, bias: Tensor | None = None, weight_scale: Tensor | None = None,
                  weight_scale_2: Tensor | None = None, input_scale: Tensor | None = None, name: str = "linear"):
         super().__init__()
@@ -72,6 +80,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("input_scale", None if input_scale is None else input_scale.float().reshape(()))
         self._dequantized: Tensor | None = None
         self._row_scale: Tensor | None = None
+        self._rows: QuantLinear | None = None
         self.use_kernel: bool | None = None
 
     @staticmethod
@@ -145,6 +154,21 @@ class QuantLinear(nn.Module):
             layer.use_kernel = layers[0].use_kernel
         return fused, views
 
+    def rows(self, n: int) -> "QuantLinear":
+        """The layer's first ``n`` outputs as a layer of its own: views of the weight and its per-row scales (made
+        once per ``n``), with this layer's plugin switch. Formats with per-row scales only (bf16, fp8)."""
+        if self.fmt == "nvfp4":
+            raise CheckpointError(f"{self.name}: rows of an NVFP4 layer are not supported")
+        if not 0 < n <= self.out_features:
+            raise CheckpointError(f"{self.name}: rows({n}) of a layer with {self.out_features} outputs")
+        if self._rows is None or self._rows.out_features != n or self._rows.weight.device != self.weight.device:
+            ws = self.weight_scale
+            ws = ws[:n] if ws is not None and ws.dim() == 1 else ws
+            self._rows = QuantLinear(self.fmt, self.weight[:n], None if self.bias is None else self.bias[:n], ws,
+                                     None, self.input_scale, name=f"{self.name}[:{n}]")
+        self._rows.use_kernel = self.use_kernel
+        return self._rows
+
     @property
     def fusion_key(self) -> tuple | None:
         """Layers with equal keys that share an input can run as one ``concat`` GEMM with the same numerics:
@@ -191,31 +215,36 @@ class QuantLinear(nn.Module):
             self._row_scale = self.weight_scale.float().expand(self.out_features).reshape(1, -1).contiguous()
         return self._row_scale
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, out_fp32: bool = False) -> Tensor:
+        """``x W^T (+ b)`` in x's dtype; ``out_fp32``: in fp32, the FP8 GEMM's sums not rounded (an LM head)."""
+        out_dtype = torch.float32 if out_fp32 else x.dtype
         if self.fmt == "bf16":
-            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            y = F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+            return y.to(out_dtype)
         if self.fmt == "fp8":
             if fp8_tensor_cores(x.device):
                 q, s = quantize_act(x, self.act_mode, self.input_scale, use_kernel=self.use_kernel)
-                return self.forward_fp8(q, s, x.dtype)
-            return self._emulate_fp8(x)
+                return self.forward_fp8(q, s, out_dtype)
+            return self._emulate_fp8(x, out_dtype)
         if kernel_enabled(x.device, self.use_kernel, "nvfp4_gemm"):
             y = nvfp4_gemm(x.to(torch.bfloat16), self.weight, self.weight_scale, self.weight_scale_2,
-                           use_kernel=self.use_kernel).to(x.dtype)
+                           use_kernel=self.use_kernel).to(out_dtype)
         else:
-            y = F.linear(x, self._cached_weight(x.dtype))
+            y = F.linear(x, self._cached_weight(x.dtype)).to(out_dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def forward_fp8(self, q: Tensor, token_scales: Tensor | None, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
         """FP8 GEMM on an already quantized input ``q`` (static ``input_scale``, or per-token
-        ``token_scales`` [..., 1]): ``(q * s_x) @ (W * s_w)^T`` accumulated in fp32."""
+        ``token_scales`` [..., 1]): ``(q * s_x) @ (W * s_w)^T`` accumulated in fp32, rounded to ``out_dtype``
+        (fp32: the sums themselves)."""
         if self.fmt != "fp8":
             raise CheckpointError(f"{self.name}: forward_fp8 on a {self.fmt} layer")
         x_scale = token_scales if token_scales is not None else self.input_scale
         tensor_cores = fp8_tensor_cores(q.device)
         y = None
         if q.device.type != "cuda" or tensor_cores:  # decode steps: one decode-GEMM launch (None: it does not fit)
-            y = decode_gemm_fp8(q, self.weight, x_scale, self.weight_scale, use_kernel=self.use_kernel)
+            y = decode_gemm_fp8(q, self.weight, x_scale, self.weight_scale, use_kernel=self.use_kernel,
+                                out_fp32=out_dtype == torch.float32)
         if y is not None:
             y = y.to(out_dtype)
         elif not tensor_cores:
@@ -231,22 +260,26 @@ class QuantLinear(nn.Module):
             y = y.reshape(*q.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def _emulate_fp8(self, x: Tensor) -> Tensor:
+    def _emulate_fp8(self, x: Tensor, out_dtype: torch.dtype) -> Tensor:
         if self.act_mode == "fp8_static":
             q, s = nx.quantize_fp8(x, self.input_scale), None
         else:
             q, s = nx.quantize_fp8_per_token(x)
-        return self.forward_fp8(q, s, x.dtype)
+        return self.forward_fp8(q, s, out_dtype)
 
 
 def mlp_forward(x: Tensor, gate_up: QuantLinear, down: nn.Module, use_kernel: bool | None = None) -> Tensor:
     """``down(silu(gate) * up)`` with ``gate_up`` = ``QuantLinear.concat([gate_proj, up_proj])``.
 
-    An FP8 ``down_proj`` takes its FP8 input straight from the fused ``ocria::silu_mul_quant``
-    kernel (no bf16 activation round trip); other formats, and a down_proj that scales its input first (AWQ's
-    ``PreScaledLinear``), get the fused bf16 activation."""
+    An FP8 ``down_proj`` computes the SiLU-multiply and its FP8 input in its own GEMM's launch
+    (``ocria::prologue_gemm``) where that kernel takes the call, else takes its FP8 input straight from the fused
+    ``ocria::silu_mul_quant`` kernel (no bf16 activation round trip); other formats, and a down_proj that scales its
+    input first (AWQ's ``PreScaledLinear``), get the fused bf16 activation."""
     gu = gate_up(x)
     if getattr(down, "fmt", None) == "fp8":
+        y = prologue_dense(down, Prologue.SILU_MUL, *gate_up_halves(gu), use_kernel)
+        if y is not None:
+            return y
         q, s = silu_mul_quant(gu, down.act_mode, down.input_scale, use_kernel=use_kernel)
         return down.forward_fp8(q, s, x.dtype)
     h, _ = silu_mul_quant(gu, "bf16", use_kernel=use_kernel)

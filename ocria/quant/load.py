@@ -65,8 +65,14 @@ class PreScaledLinear(nn.Module):
         scale = layers[0].pre_quant_scale
         return cls(fused, scale), [cls(view, scale) for view in views]
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.linear(x * self.pre_quant_scale.to(x.dtype))
+    fp32_logits = True  # an LM head, as QuantLinear's
+
+    def rows(self, n: int) -> "PreScaledLinear":
+        """The first ``n`` outputs (``QuantLinear.rows``) under the same input scale."""
+        return PreScaledLinear(self.linear.rows(n), self.pre_quant_scale)
+
+    def forward(self, x: Tensor, out_fp32: bool = False) -> Tensor:
+        return self.linear(x * self.pre_quant_scale.to(x.dtype), out_fp32=out_fp32)
 
 
 class QuantSwiGLU(nn.Module):

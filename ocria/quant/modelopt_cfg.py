@@ -12,9 +12,10 @@ import copy
 
 import modelopt.torch.quantization as mtq
 
-from ocria.quant.recipe import PROTECTED, VISION, Recipe
+from ocria.quant.recipe import HEAD, PROTECTED, VISION, HeadQuant, HeadScale, Recipe
 
 PRESETS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
+HEAD_PRESETS = {HeadScale.PER_CHANNEL: "FP8_PER_CHANNEL_PER_TOKEN_CFG", HeadScale.PER_TENSOR: "FP8_DEFAULT_CFG"}
 NON_LINEAR = ("nn.Conv1d", "nn.Conv2d", "nn.Conv3d", "nn.Embedding", "nn.LayerNorm")
 
 
@@ -23,10 +24,16 @@ def preset(fmt: str) -> dict:
     return copy.deepcopy(getattr(mtq, PRESETS[fmt]))
 
 
-def quantizer_attributes(fmt: str) -> dict[str, dict]:
-    """``{"weight": cfg, "input": cfg}`` quantizer attributes of a format, from ModelOpt's preset."""
+def head_preset(head: HeadQuant) -> dict:
+    """ModelOpt's config of the LM head's format (a fresh copy)."""
+    return copy.deepcopy(getattr(mtq, HEAD_PRESETS[head.scale]))
+
+
+def quantizer_attributes(fmt: str | HeadQuant) -> dict[str, dict]:
+    """``{"weight": cfg, "input": cfg}`` quantizer attributes of a format (or of a recipe's LM head), from
+    ModelOpt's preset."""
     out = {}
-    for entry in preset(fmt)["quant_cfg"]:
+    for entry in (head_preset(fmt) if isinstance(fmt, HeadQuant) else preset(fmt))["quant_cfg"]:
         for kind in ("weight", "input"):
             if entry.get("quantizer_name") == f"*{kind}_quantizer" and "cfg" in entry:
                 out[kind] = entry["cfg"]
@@ -50,5 +57,14 @@ def quant_cfg(recipe: Recipe, algorithm: str | None = None) -> dict:
         attrs = quantizer_attributes(rule.format)
         for kind in ("weight", "input"):
             entries.append({"quantizer_name": f"{rule.match}.{kind}_quantizer", "cfg": copy.deepcopy(attrs[kind])})
-    entries += protected_entries(recipe.allow_vision_quant)
+    entries += protected_entries(recipe.allow_vision_quant) + head_entries(recipe.lm_head)
     return {"quant_cfg": entries, "algorithm": algorithm or recipe.algorithm}
+
+
+def head_entries(head: HeadQuant | None) -> list[dict]:
+    """The LM head's quantizer entries (after the protected ones, which disable it); none for a BF16 head."""
+    if head is None:
+        return []
+    attrs = quantizer_attributes(head)
+    return [{"quantizer_name": f"{HEAD}.{kind}_quantizer", "cfg": copy.deepcopy(attrs[kind])}
+            for kind in ("weight", "input")]

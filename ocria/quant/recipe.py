@@ -10,23 +10,31 @@ A recipe (``configs/quant/NAME.yaml`` or any YAML path)::
     rules:                        # applied in order, later rules win
       - {match: "model.language_model.layers.*.mlp.*", format: nvfp4}
       - {match: "model.language_model.layers.*.self_attn.*", format: fp8}
+    lm_head:                      # optional: the LM head in FP8 (absent: BF16)
+      format: fp8
+      scale: per_channel          # per_channel: one weight scale per vocabulary row, per-token activation
+                                  # scales (ModelOpt FP8_PER_CHANNEL_PER_TOKEN); per_tensor: one weight scale and
+                                  # a calibrated static activation scale (ModelOpt FP8)
     auto:                         # optional: mtq.auto_quantize chooses per layer among `formats`
       effective_bits: 6.5         # weight-bits budget over the searched layers
       formats: [nvfp4, fp8]
       score: kl_div               # sensitivity = KL(bf16 logits || quantized logits) on calibration data
+      gpu_aware: true             # default: a layer's candidates are the formats its GEMM is not slower in than
+                                  # in any format of more bits, by the build's format cost table (ocria.quant.costs)
 
 Globs are ``fnmatch`` patterns (``*`` crosses dots) over module names such as
 ``model.language_model.layers.3.self_attn.q_proj``. Whatever the rules say, the vision encoder,
 embeddings, LM head, GDN ``in_proj_a``/``in_proj_b``/``conv1d`` and norms stay BF16 (ModelOpt's own
 default exclusions say the same); only the vision encoder can be opted in, with
-``allow_vision_quant``. A rule with an unknown format, a glob that matches no module, a
-quantizing rule that matches no quantizable layer, or one that reaches the vision encoder without
-the flag is refused before any work starts.
+``allow_vision_quant``, and the LM head with ``lm_head``. A rule with an unknown format, a glob that
+matches no module, a quantizing rule that matches no quantizable layer, or one that reaches the
+vision encoder without the flag is refused before any work starts.
 """
 
 import fnmatch
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import torch
@@ -44,6 +52,7 @@ VISION = "model.visual.*"
 # Always BF16, on top of the recipe's rules (matched against module names).
 PROTECTED = ("*embed_tokens", "lm_head", "*.linear_attn.in_proj_a", "*.linear_attn.in_proj_b",
              "*.linear_attn.conv1d", "*norm")
+HEAD = "lm_head"
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "configs" / "quant"
 _SCHEMA_LAYERS, _SCHEMA_BLOCKS = 256, 128
 
@@ -58,11 +67,27 @@ class Rule:
     format: str
 
 
+class HeadScale(str, Enum):
+    """Weight scale granularity of a quantized LM head (ModelOpt's quantizer presets of the same name)."""
+
+    PER_CHANNEL = "per_channel"  # FP8_PER_CHANNEL_PER_TOKEN: [vocab] weight scales, per-token activation scales
+    PER_TENSOR = "per_tensor"  # FP8_DEFAULT: one weight scale, one calibrated static activation scale
+
+
+@dataclass(frozen=True)
+class HeadQuant:
+    """The recipe's LM head format (``lm_head:`` in the YAML); FP8 is the only quantized head format."""
+
+    format: str
+    scale: HeadScale
+
+
 @dataclass(frozen=True)
 class AutoSearch:
     effective_bits: float
     formats: tuple[str, ...]
     score: str = "kl_div"
+    gpu_aware: bool = True  # drop a layer's formats that its GEMM runs slower in (``ocria.quant.costs``)
 
 
 @dataclass
@@ -71,6 +96,7 @@ class Recipe:
     rules: list[Rule]
     algorithm: str = "max"
     auto: AutoSearch | None = None
+    lm_head: HeadQuant | None = None
     description: str = ""
     allow_vision_quant: bool = False
     source: str = ""
@@ -78,7 +104,7 @@ class Recipe:
 
     @property
     def quantizes(self) -> bool:
-        return self.auto is not None or any(r.format != "bf16" for r in self.rules)
+        return self.auto is not None or self.lm_head is not None or any(r.format != "bf16" for r in self.rules)
 
     def formats(self, modules: dict[str, nn.Module]) -> dict[str, str]:
         """Format of every quantizable linear under the rules (later rules win; protected -> bf16)."""
@@ -148,7 +174,7 @@ def schema_modules() -> dict[str, nn.Module]:
 def _parse(raw: object, source: str, allow_vision_quant: bool) -> Recipe:
     if not isinstance(raw, dict):
         raise RecipeError(f"{source}: a recipe is a YAML mapping with 'name' and 'rules'")
-    unknown = sorted(set(raw) - {"name", "description", "algorithm", "rules", "auto"})
+    unknown = sorted(set(raw) - {"name", "description", "algorithm", "rules", "auto", "lm_head"})
     if unknown:
         raise RecipeError(f"{source}: unknown recipe keys {unknown}")
     name = str(raw.get("name") or Path(source).stem)
@@ -182,8 +208,33 @@ def _parse(raw: object, source: str, allow_vision_quant: bool) -> Recipe:
         score = str(a.get("score", "kl_div"))
         if score not in SCORES:
             raise RecipeError(f"{source}: unknown auto score {score!r}; choose one of {', '.join(SCORES)}")
-        auto = AutoSearch(bits, formats, score)
-    return Recipe(name, rules, algorithm, auto, str(raw.get("description", "")), allow_vision_quant, source, raw)
+        unknown = sorted(set(a) - {"effective_bits", "formats", "score", "gpu_aware"})
+        if unknown:
+            raise RecipeError(f"{source}: unknown auto keys {unknown}")
+        gpu_aware = a.get("gpu_aware", True)
+        if not isinstance(gpu_aware, bool):
+            raise RecipeError(f"{source}: auto gpu_aware must be true or false, got {gpu_aware!r}")
+        auto = AutoSearch(bits, formats, score, gpu_aware)
+    head = _parse_head(raw.get("lm_head"), source)
+    return Recipe(name, rules, algorithm, auto, head, str(raw.get("description", "")), allow_vision_quant, source,
+                  raw)
+
+
+def _parse_head(raw: object, source: str) -> HeadQuant | None:
+    """``lm_head: {format: fp8, scale: per_channel | per_tensor}``; absent (or ``lm_head: bf16``): a BF16 head."""
+    if raw is None or raw == "bf16":
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"format", "scale"}:
+        raise RecipeError(f"{source}: lm_head must be {{format: fp8, scale: per_channel | per_tensor}}, got {raw!r}")
+    fmt = str(raw["format"]).lower()
+    if fmt != "fp8":
+        raise RecipeError(f"{source}: lm_head format {raw['format']!r} is not supported; the LM head quantizes to fp8")
+    try:
+        scale = HeadScale(str(raw["scale"]).lower())
+    except ValueError:
+        raise RecipeError(f"{source}: lm_head scale {raw['scale']!r}; choose one of "
+                          f"{', '.join(s.value for s in HeadScale)}") from None
+    return HeadQuant(fmt, scale)
 
 
 def load_recipe(recipe: str | Path, allow_vision_quant: bool = False) -> Recipe:

@@ -58,6 +58,17 @@ PREFETCH_LINES = 8  # with PDL: 128-byte lines per weight row (1 KiB of K) sent 
 
 
 @triton.jit
+def zero_accumulator(SWAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A row tile's fp32 accumulator: [BLOCK_N, BLOCK_M] when SWAP (the weight tile is the MMA's left operand),
+    else [BLOCK_M, BLOCK_N]."""
+    if SWAP:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return acc
+
+
+@triton.jit
 def _epilogue(acc, b_ptr, o_ptr, sx_ptr, sw_ptr, rows, cols, mrow, mcol, stride_om, HAS_BIAS: tl.constexpr,
               AS_BITS: tl.constexpr, OUT_F32: tl.constexpr, FP8: tl.constexpr, SX_ROWS: tl.constexpr,
               SW_COLS: tl.constexpr):
@@ -160,10 +171,7 @@ def _decode_gemm_kernel(
     mrow = rows < M
     mcol = cols < N
     w_base = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
-    if SWAP:
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = zero_accumulator(SWAP, BLOCK_M, BLOCK_N)
     acc1, acc2, acc3 = acc, acc, acc  # the further row tiles' (ROW_TILES 2 and 4)
     sumsq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # NORM: lane sums, reduced once after the loop
     k_end = tl.minimum(K, (split + 1) * K_SPLIT)
@@ -261,17 +269,17 @@ def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, co
 
 
 def decode_gemm_fp8_triton(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-                           config: dict | None = None) -> Tensor:
-    """``(q * x_scale) @ (weight * w_scale).T (+ bias)`` in bf16 for float8 E4M3 ``q`` [..., K] (16-row
-    tiles) and ``weight`` [N, K]; ``x_scale`` fp32, one per tensor or per row ([..., 1]), ``w_scale`` fp32, one
-    per tensor or per column ([N])."""
+                           config: dict | None = None, out_fp32: bool = False) -> Tensor:
+    """``(q * x_scale) @ (weight * w_scale).T (+ bias)`` in bf16 (``out_fp32``: the fp32 sums, as logits want
+    them) for float8 E4M3 ``q`` [..., K] (16-row tiles) and ``weight`` [N, K]; ``x_scale`` fp32, one per tensor or
+    per row ([..., 1]), ``w_scale`` fp32, one per tensor or per column ([N])."""
     check_shapes(q, weight, bias, torch.float8_e4m3fn)
     rows, N = q.numel() // q.shape[-1], weight.shape[0]
     sx, sw = x_scale.float().reshape(-1), w_scale.float().reshape(-1)
     if sx.numel() not in (1, rows) or sw.numel() not in (1, N):
         raise OcriaError(f"decode_gemm kernel: x_scale {tuple(x_scale.shape)} must hold 1 or {rows} values, "
                          f"w_scale {tuple(w_scale.shape)} 1 or {N}")
-    return _launch(q, weight, bias, config, scales=(sx.contiguous(), sw.contiguous()))[0]
+    return _launch(q, weight, bias, config, out_fp32=out_fp32, scales=(sx.contiguous(), sw.contiguous()))[0]
 
 
 def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
@@ -298,6 +306,24 @@ def norm_config(N: int, K: int) -> dict:
                 num_warps=8 if config["swap"] else config["num_warps"])
 
 
+def launch_plan(M: int, N: int, K: int, cfg: dict, one_row_tile: bool, out: Tensor) -> tuple:
+    """The grid and split of a decode-GEMM-shaped launch of ``M`` rows, ``N`` columns and ``K`` depth under ``cfg``
+    (``one_row_tile``: each program one 16-row tile, for ops that need a whole row first).
+
+    Returns:
+        split_k, column tiles, block_m, row tiles per program, row groups, pipeline stages, K per split, and the
+        split-K workspace and counters (``out`` stands in for both when ``split_k`` is 1)."""
+    split_k, tiles, block_m = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"]), cfg.get("block_m", BLOCK_M)
+    row_tiles = 1 if one_row_tile else cfg.get("row_tiles", min(MAX_ROW_TILES, triton.next_power_of_2(triton.cdiv(
+        M, block_m))))
+    groups = triton.cdiv(M, row_tiles * block_m)
+    stages = cfg["num_stages"] if row_tiles < MAX_ROW_TILES else min(cfg["num_stages"], 3)  # shared memory
+    k_split = triton.cdiv(triton.cdiv(K, split_k), cfg["block_k"]) * cfg["block_k"]
+    slots = groups * row_tiles * tiles
+    ws, count = scratch(out.device, slots * split_k * block_m * cfg["block_n"], slots) if split_k > 1 else (out, out)
+    return split_k, tiles, block_m, row_tiles, groups, stages, k_split, ws, count
+
+
 def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None, residual: Tensor | None = None,
             norm_weight: Tensor | None = None, eps: float = 0.0, out_fp32: bool = False,
             scales: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
@@ -317,13 +343,7 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
     cfg = config or default_config(N, K)
     if norm and cfg.get("split_k", 1) != 1:
         raise OcriaError("decode_gemm_norm kernel: split_k must be 1 (each program needs the whole row for rstd)")
-    split_k, tiles, block_m = cfg.get("split_k", 1), triton.cdiv(N, cfg["block_n"]), cfg.get("block_m", BLOCK_M)
-    row_tiles = 1 if norm else cfg.get("row_tiles", min(MAX_ROW_TILES, triton.next_power_of_2(triton.cdiv(M, block_m))))
-    groups = triton.cdiv(M, row_tiles * block_m)
-    stages = cfg["num_stages"] if row_tiles < MAX_ROW_TILES else min(cfg["num_stages"], 3)  # shared memory
-    k_split = triton.cdiv(triton.cdiv(K, split_k), cfg["block_k"]) * cfg["block_k"]
-    slots = groups * row_tiles * tiles
-    ws, count = scratch(x.device, slots * split_k * block_m * cfg["block_n"], slots) if split_k > 1 else (out, out)
+    split_k, tiles, block_m, row_tiles, groups, stages, k_split, ws, count = launch_plan(M, N, K, cfg, norm, out)
     # In the interpreter bf16 travels as int16 bits and is computed in fp32 (as the other plugins do).
     as_bits = x.device.type == "cpu"
     x_, w_, out_, r_, nw_, s_ = (bf16_as_int16(t) if as_bits and t is not None and t.dtype == torch.bfloat16 else t

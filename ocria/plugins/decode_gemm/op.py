@@ -67,20 +67,22 @@ def decode_gemm_norm(x: Tensor, residual: Tensor | None, norm_weight: Tensor, ep
 
 @torch.library.custom_op("ocria::decode_gemm_fp8", mutates_args=())
 def _decode_gemm_fp8_op(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor,
-                        bias: Tensor | None = None) -> Tensor:
-    return decode_gemm_fp8_triton(q, weight, x_scale, w_scale, bias)
+                        bias: Tensor | None = None, out_fp32: bool = False) -> Tensor:
+    return decode_gemm_fp8_triton(q, weight, x_scale, w_scale, bias, out_fp32=out_fp32)
 
 
 @_decode_gemm_fp8_op.register_fake
-def _(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
-    return q.new_empty(*q.shape[:-1], weight.shape[0], dtype=torch.bfloat16)
+def _(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
+      out_fp32: bool = False) -> Tensor:
+    return q.new_empty(*q.shape[:-1], weight.shape[0], dtype=torch.float32 if out_fp32 else torch.bfloat16)
 
 
 def decode_gemm_fp8(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-                    use_kernel: bool | None = None) -> Tensor | None:
-    """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in bf16 in one decode-GEMM launch, when the
-    kernel takes the call (E4M3 q of at most MAX_M rows or a batch-invariant step, N and K multiples of 16, CUDA,
-    ``decode_gemm_fp8`` not in ``OCRIA_DISABLE_KERNELS``); None otherwise, and the caller runs ``_scaled_mm``."""
+                    use_kernel: bool | None = None, out_fp32: bool = False) -> Tensor | None:
+    """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in bf16 (``out_fp32``: the fp32 sums) in one
+    decode-GEMM launch, when the kernel takes the call (E4M3 q of at most MAX_M rows or a batch-invariant step, N
+    and K multiples of 16, CUDA, ``decode_gemm_fp8`` not in ``OCRIA_DISABLE_KERNELS``); None otherwise, and the
+    caller runs ``_scaled_mm``."""
     if _kernel_takes(q, weight, torch.float8_e4m3fn) and kernel_enabled(q.device, use_kernel, "decode_gemm_fp8"):
-        return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias)
+        return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias, out_fp32)
     return None
