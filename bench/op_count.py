@@ -1,12 +1,12 @@
 """Ops one decode step dispatches, counted on CPU: a proxy for its GPU kernel launches.
 
-Each leaf ATen op that computes (views, allocations and metadata are skipped) and each ``ocria::``
-plugin call counts once; plugin kernels run in Triton's interpreter, so their insides are not
-counted. CPU ATen decomposes a few ops that CUDA runs as one kernel (``rms_norm`` among them), so
-this overstates what eager norms cost on the GPU; the GPU profile of ``ocria bench engine --profile`` is the
-measurement, this is for comparing code versions on a machine without a GPU.
+Each leaf ATen op that computes (views, allocations and metadata are skipped: ``INERT_OPS``) and each ``ocria::``
+plugin call counts once; plugin kernels run in Triton's interpreter, so their insides are not counted. CPU ATen
+decomposes a few ops that CUDA runs as one kernel (``rms_norm`` among them), so this overstates what eager norms
+cost on the GPU; the GPU profile of ``ocria bench engine --profile`` is the measurement, this is for comparing code
+versions on a machine without a GPU. With ``--out`` the run is appended to the file's list of runs.
 
-    python bench/op_count.py --plugins on --mode spec --out bench/results/op_count_cpu.json
+    python -m bench.op_count --plugins on --mode spec --out /tmp/op_count.json
 """
 
 import os
@@ -18,21 +18,28 @@ import collections  # noqa: E402
 import datetime as dt  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
-from inert_ops import INERT_OPS  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from ocria.bench.results import result_header, write_json  # noqa: E402
 from ocria.builder.presets import load_preset, random_models  # noqa: E402
 from ocria.data import generate  # noqa: E402
 from ocria.models import DrafterCache, TargetCache  # noqa: E402
 from ocria.runtime.decode import SamplingTensors, decode_step, prefill  # noqa: E402
 from ocria.runtime.processor import Processor  # noqa: E402
 
-INERT = {f"aten::{name}" for name in INERT_OPS}  # ops that launch nothing on a GPU
+# ATen ops that launch no GPU kernel (views, allocations, metadata, scalar reads), by name without ``aten::``.
+INERT_OPS = frozenset({
+    "empty", "empty_like", "empty_strided", "view", "view_as", "_unsafe_view", "reshape", "_reshape_alias",
+    "as_strided", "resize_", "set_", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand", "slice",
+    "select", "split", "split_with_sizes", "chunk", "unbind", "narrow", "unflatten", "flatten", "diagonal",
+    "view_as_real", "alias", "detach", "lift", "lift_fresh", "contiguous", "type_as", "resolve_conj",
+    "promote_types", "result_type", "scalar_tensor", "is_same_size", "size", "stride", "item",
+    "_local_scalar_dense", "is_nonzero",
+})
+INERT = {f"aten::{name}" for name in INERT_OPS}
 
 
 def _inert(event) -> bool:
@@ -43,6 +50,7 @@ def _inert(event) -> bool:
 
 
 def count_ops(events) -> collections.Counter:
+    """Leaf computing ATen ops and ``ocria::`` plugin calls of a profile's top-level events, by name."""
     counts = collections.Counter()
 
     def walk(e):
@@ -63,13 +71,13 @@ def count_ops(events) -> collections.Counter:
     return counts
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.op_count", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="ocria-mini")
     ap.add_argument("--plugins", choices=("on", "off"), default="on")
     ap.add_argument("--mode", choices=("ar", "spec"), default="ar")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     preset = load_preset(args.preset)
     target, drafter = random_models(preset, "cpu", torch.bfloat16)
     target.text.fuse_projections()
@@ -94,22 +102,18 @@ def main() -> int:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         decode_step(target, use, tcache, dcache, slot, last, params, L + 2 * block, True)
     counts = count_ops(prof.events())
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = None
-    result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "device": "cpu (proxy)",
-              "command": " ".join(["python", *sys.argv]), "git": commit, "preset": args.preset,
-              "plugins": args.plugins, "mode": args.mode, "layers": len(target.text.layers),
-              "ops_per_step": sum(counts.values()), "by_op": dict(counts.most_common())}
+    header = result_header("op_count")
+    result = {**header, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "device": "cpu (proxy)", "preset": args.preset, "plugins": args.plugins, "mode": args.mode,
+              "layers": len(target.text.layers), "ops_per_step": sum(counts.values()),
+              "by_op": dict(counts.most_common())}
     print(f"{args.preset} {args.mode} plugins {args.plugins}: {result['ops_per_step']} ops per decode step")
     for name, n in counts.most_common(12):
         print(f"  {n:5d}  {name}")
     if args.out:  # appended: one file holds the runs of several code versions and modes
         out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
         runs = json.loads(out.read_text()) if out.is_file() else []
-        out.write_text(json.dumps([*runs, result], indent=2) + "\n")
+        write_json([*runs, result], out)
     return 0
 
 

@@ -171,9 +171,7 @@ def test_decode_steps_run_it_after_every_layer_with_the_unfused_bits(tmp_path, m
 # The kernel compiled for sm_90a at ocria-1-sim's shapes (GDN out_proj, attention o_proj, MLP down), in each op's
 # widest variants (four row tiles, per-token FP8): registers and spills, one line per build.
 _COMPILE_FOR_HOPPER = """
-import sys
-sys.path.insert(0, "bench")
-from ptxas import compile_sm90
+from bench.ops.ptxas import compile_sm90
 from ocria.plugins.gemm_prologue.kernel import _prologue_gemm_kernel, prologue_config
 for pro, k, d in ((3, 4096, 128), (2, 2048, 256), (1, 6144, 6144)):
     cfg = prologue_config(2048, k)

@@ -277,11 +277,9 @@ def test_nvfp4_floor_compares_give_modelopt_codes():
 
 
 # Compiles the NVFP4 kernel for sm_90a as a launch on Hopper would, for every input dtype, gated and not
-# (bench/ptxas.py: Triton's code generator, then its bundled ptxas; no GPU needed).
+# (bench/ops/ptxas.py: Triton's code generator, then its bundled ptxas; no GPU needed).
 _COMPILE_NVFP4_FOR_HOPPER = """
-import sys
-sys.path.insert(0, "bench")
-from ptxas import compile_sm90
+from bench.ops.ptxas import compile_sm90
 from ocria.plugins.silu_quant.kernel import _nvfp4_kernel
 for kind, words in ((0, "*i32"), (1, "*i32"), (2, "*i64")):
     for gated in (True, False):
@@ -309,13 +307,11 @@ def test_nvfp4_kernel_compiles_for_hopper_from_every_input_dtype():
 
 # The default NVFP4 launch compiled for sm_90a: its registers, spills, and where its loop issues the next tile's loads
 _NVFP4_DEFAULT_BUILD = """
-import sys
-sys.path.insert(0, "bench")
-from silu_quant_sass import nvfp4_stats
+from bench.ops.kernels.silu_quant import nvfp4_loop_stats
 from ocria.plugins.silu_quant.kernel import default_config
 for m in (16, 1024):
     cfg = default_config("nvfp4", m, 6144)
-    r = nvfp4_stats(6144, cfg)
+    r = nvfp4_loop_stats(6144, cfg)
     print(cfg["programs_per_sm"] * cfg["num_warps"], r["registers"], r["spill_store_bytes"], r["first_load_after"],
           r["loop_instructions"])
 """
@@ -333,9 +329,7 @@ def test_default_nvfp4_launch_keeps_its_warps_resident_and_loads_early():
 
 
 _COMPILE_SILU_FAST_AND_IEEE = """
-import sys
-sys.path.insert(0, "bench")
-from ptxas import compile_sm90
+from bench.ops.ptxas import compile_sm90
 from ocria.plugins.silu_quant.kernel import _silu_mul_quant_kernel
 for elem, is_bf16 in (("i16", True), ("fp16", False), ("fp32", False)):
     types = dict(x_ptr="*" + elem, out_ptr="*" + elem, scale_ptr="*fp32", out_scale_ptr="*fp32", M="i32", N="i32",
@@ -349,7 +343,7 @@ for elem, is_bf16 in (("i16", True), ("fp16", False), ("fp32", False)):
 
 
 def test_approximate_silu_is_built_for_bf16_inputs_only():
-    """The approximate silu is proven against PyTorch for every bf16 value only (bench/silu_quant.py); fp16 and fp32
+    """The approximate silu is proven against PyTorch for every bf16 value only (bench/ops); fp16 and fp32
     inputs once took an approximate exp too and missed PyTorch's bytes on the H200. For them ``fast_silu`` must build
     the same code as the IEEE silu."""
     assert _run_without_interpreter(_COMPILE_SILU_FAST_AND_IEEE).split() == ["i16", "False", "fp16", "True", "fp32",
