@@ -1,7 +1,7 @@
 """``ocria bench formats``: the format cost table of an engine's decode GEMMs on this device.
 
-    ocria bench formats --preset ocria-1-sim --device cuda --out bench/results/format_costs_h200.json
-    ocria-build engine --preset ocria-1-sim --recipe auto --format-costs bench/results/format_costs_h200.json ...
+    ocria bench formats --preset ocria-1-sim --device cuda --out costs.json
+    ocria-build engine --preset ocria-1-sim --recipe auto --format-costs costs.json ...
 
 For every distinct GEMM of a decode step (``ocria.quant.costs.decode_gemms``: the fused input projections, the output
 projections, the MLP's and the LM head) and every format, the kernel a batch-invariant decode step runs for a layer
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     """``ocria bench formats``: write the table; 0 on success (2 for bad flags, from the CLI)."""
     import torch
 
-    from ocria.bench.engine import resolve_device
+    from ocria.bench.engine.config import resolve_device
     from ocria.bench.timing import copy_bandwidth
     from ocria.quant.costs import CostSource, CostTable, decode_gemms
     from ocria.quant.recipe import FORMAT_BITS

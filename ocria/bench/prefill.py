@@ -33,7 +33,7 @@ def measure_prefill(models, image: bytes, chunk: int) -> dict:
     """Offline time to first token of ``image`` with the benchmark's models, and (CUDA) the graph replay's exactness.
 
     Args:
-        models: ``ocria.bench.engine.Models`` (target, drafter, processor, device).
+        models: ``ocria.bench.engine.models.Models`` (target, drafter, processor, device).
         image: the document's encoded bytes.
         chunk: prefill chunk length (the engine profile's).
     Returns:
