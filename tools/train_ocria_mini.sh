@@ -9,8 +9,8 @@
 # `python -m ocria.train ship --state .train` copies target/ and drafter/ into ocria/assets/ocria-mini.
 # The training pages are the READING mixture (ocria/data/config.py; docs/reading_data.md): broad text, many fonts
 # and layouts, scan effects, with two font families and one layout family held out for evaluation. The shipped
-# weights predate it: they were trained on the classic generator (runs 5-8; their record is in git history,
-# d29890ee5c1b:bench/results/train_h200/README.md). To fine-tune them on the mixture, start from them:
+# weights predate it: they were trained on the classic generator (their last call's settings are the "training"
+# record of ocria/assets/ocria-mini/SHIPPED.json). To fine-tune them on the mixture, start from them:
 #   STATE=.train_read tools/train_ocria_mini.sh --set init_target=ocria/assets/ocria-mini/target \
 #     --set init_drafter=ocria/assets/ocria-mini/drafter --set ablation=false
 # then `python -m ocria.train eval --engine DIR` gives CER and acceptance per split.

@@ -35,7 +35,7 @@ class SynthConfig:
     max_blocks: int = 3
     # Text at scan resolution (a 10-12 pt font at ~200 dpi): one text line per 32-pixel row of image
     # tokens and ~2-3 characters per 16-pixel patch, the density at which a small vision encoder learns
-    # to read (13-20 px text put ~5 characters and two lines in each image token; see issue 8's notes).
+    # to read (13-20 px text puts ~5 characters and two lines in each image token).
     min_font_px: int = 24
     max_font_px: int = 32
     max_noise: float = 6.0  # std of the Gaussian pixel noise is drawn from [0, max_noise] (0..255 scale)
@@ -67,7 +67,7 @@ class SynthConfig:
                               "0 <= jpeg_share <= 1 and max_chars >= 40")
 
 
-# The benchmarks' long document: dense 13-20 px text, the prompt the GPU benchmarks (bench/) measure on.
+# The benchmarks' long document: dense 13-20 px text, the prompt the GPU benchmarks measure on.
 LONG_PAGE = SynthConfig(
     min_width=512, max_width=768, max_height=1024, max_paragraph_lines=10, max_list_items=8,
     max_table_rows=8, max_table_cols=4, max_blocks=6, min_font_px=13, max_font_px=20,

@@ -51,7 +51,19 @@ class GatedAttention(nn.Module):
                 position: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
         """The layer from its q (with the output gate), k and v projections of the normed input on (the decoder
         layer computes them, folding its norm into their GEMM in decode steps: ``norm_project``). ``position``:
-        ``cache_position`` of the step, with a cache (the model computes it once for all its layers)."""
+        ``cache_position`` of the step, with a cache (the model computes it once for all its layers).
+
+        Args:
+            projections: (q [B, T, 2*H*D] with the gate, k [B, T, Hkv*D], v [B, T, Hkv*D]).
+            cos, sin: [B, T, rotary_dim].
+            cache: the target cache, or None (no-cache forward).
+            slots: [B] long cache slots (with ``cache``).
+            attn_len: keys read per row at most (None: the cache's length).
+            position: ``cache_position(cache, slots, T)``.
+
+        Returns:
+            [B, T, hidden] in the model dtype.
+        """
         q, k, v = projections
         B, T, _ = q.shape
         q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)

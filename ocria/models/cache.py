@@ -30,17 +30,19 @@ def cache_bytes(cache: "TargetCache | DrafterCache") -> int:
 
 @dataclass
 class TargetCache:
-    k: list[Tensor]
-    v: list[Tensor]
-    conv_buf: list[Tensor]
-    ssm: list[Tensor]
-    ring_k: list[Tensor]
-    ring_u: list[Tensor]
-    ring_g: list[Tensor]
-    kv_len: Tensor
-    ring_phase: Tensor
-    pending_len: Tensor
-    rope_delta: Tensor
+    """The target's per-slot state (S slots; shapes as the module docstring gives them, slot first)."""
+
+    k: list[Tensor]  # per attention layer [S, Hkv, max_len, D], model dtype
+    v: list[Tensor]  # per attention layer [S, Hkv, max_len, D], model dtype
+    conv_buf: list[Tensor]  # per GDN layer [S, K-1+max_chunk, C] raw conv inputs, model dtype
+    ssm: list[Tensor]  # per GDN layer [S, Hv, Dk, Dv] fp32 state up to the committed, folded tokens
+    ring_k: list[Tensor]  # per GDN layer [S, 2, max_chunk, Hk, Dk] fp32: the last steps' keys, two halves
+    ring_u: list[Tensor]  # per GDN layer [S, 2, max_chunk, Hv, Dv] fp32: their delta-rule writes
+    ring_g: list[Tensor]  # per GDN layer [S, 2, max_chunk, Hv] fp32: their log-decays
+    kv_len: Tensor  # [S] int32 committed tokens
+    ring_phase: Tensor  # [S] int32: the ring half holding the pending tokens
+    pending_len: Tensor  # [S] int32 accepted tokens not yet folded into ``ssm``
+    rope_delta: Tensor  # [S] long mRoPE offset of text positions after the image
     max_len: int
     max_chunk: int
 
@@ -54,8 +56,19 @@ class TargetCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> "TargetCache":
-        """Preallocate state for ``num_slots`` sequences of up to ``max_len`` tokens; verify chunks
-        (``T``) are at most ``max_chunk`` tokens."""
+        """Preallocate zeroed state for ``num_slots`` sequences of up to ``max_len`` tokens.
+
+        Args:
+            cfg: the target's text config (layer types and head sizes).
+            num_slots: S.
+            max_len: tokens per sequence, prompt included.
+            max_chunk: the most tokens one verify step (``T``) appends.
+            dtype: dtype of the KV and conv buffers (the GDN state and ring are fp32).
+            device: where to allocate (``meta`` sizes a configuration for free).
+
+        Returns:
+            The cache, every slot empty.
+        """
         n_full = cfg.layer_types.count(FULL)
         n_lin = cfg.layer_types.count(LINEAR)
         hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
@@ -85,13 +98,13 @@ class TargetCache:
         )
 
     def reset(self, slots: Tensor) -> None:
-        """Empty the given slots (a new sequence starts from zero state). ``index_fill_`` writes the zeros with no
-        host-to-device copy, so a CUDA graph can capture it."""
+        """Empty the slots ``slots`` [B] long (a new sequence starts from zero state). ``index_fill_`` writes the
+        zeros with no host-to-device copy, so a CUDA graph can capture it."""
         for t in (*self.conv_buf, *self.ssm, self.kv_len, self.pending_len, self.ring_phase, self.rope_delta):
             t.index_fill_(0, slots, 0)
 
     def commit(self, slots: Tensor, accepted: Tensor) -> None:
-        """After a verify step: keep ``accepted`` [B] of the step's tokens per slot, drop the rest.
+        """After a verify step: keep ``accepted`` [B] of the step's tokens per slot ``slots`` [B], drop the rest.
 
         One cursor move for all layers: attention lengths grow, the ring halves swap and the
         pending count becomes the accepted count (folded into the state at the next step).
@@ -106,13 +119,15 @@ class TargetCache:
 class DrafterCache:
     """Drafter context K/V per layer [S, Hkv, max_len, D] and the committed context length."""
 
-    k: list[Tensor]
-    v: list[Tensor]
-    ctx_len: Tensor
+    k: list[Tensor]  # per drafter layer [S, Hkv, max_len, D]
+    v: list[Tensor]  # per drafter layer [S, Hkv, max_len, D]
+    ctx_len: Tensor  # [S] int32 context tokens injected
 
     @classmethod
     def allocate(cls, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, max_len: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu") -> "DrafterCache":
+        """Zeroed context caches of ``num_layers`` layers for ``num_slots`` sequences of up to ``max_len``
+        tokens ([num_slots, num_kv_heads, max_len, head_dim] each, in ``dtype``)."""
         shape = (num_slots, num_kv_heads, max_len, head_dim)
         return cls(
             k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
@@ -121,4 +136,5 @@ class DrafterCache:
         )
 
     def reset(self, slots: Tensor) -> None:
+        """Empty the slots ``slots`` [B] long (capturable, as ``TargetCache.reset``)."""
         self.ctx_len.index_fill_(0, slots, 0)

@@ -173,7 +173,15 @@ class DFlash2Drafter(nn.Module):
         return cs[0], cs[1]
 
     def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor) -> None:
-        """KV-inject the first ``counts[b]`` of feats [B, C, n*H] after each slot's context."""
+        """KV-inject the first ``counts[b]`` of each row's features after its slot's context.
+
+        Args:
+            feats: [B, C, n*H] the target's captured hidden states (n = ``len(target_layer_ids)``) of C tokens.
+            counts: [B] long, how many of the C tokens each row keeps (the rest are written past ``ctx_len`` and
+                overwritten later).
+            cache: the drafter's context cache; ``ctx_len[slots]`` grows by ``counts``.
+            slots: [B] long cache slots.
+        """
         ctx = self.hidden_norm(self.fc(feats))
         rows, pos = cache_index(slots, cache.ctx_len[slots], feats.shape[1])
         cos, sin = self._cached_rope(pos, ctx.dtype, cache)
@@ -184,10 +192,19 @@ class DFlash2Drafter(nn.Module):
 
     def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
               attn_len: int | None = None) -> tuple[Tensor, Tensor | None]:
-        """Draft Bs-1 tokens after ``last_tokens`` [B]. Returns (logits [B, Bs-1, V or Vd] in the model dtype,
-        conf or None).
+        """Draft Bs-1 tokens after each row's last token.
 
         The block's K/V are written past the context and dropped (``ctx_len`` does not move).
+
+        Args:
+            last_tokens: [B] long, each row's newest committed token (the block's anchor).
+            cache: the drafter's context cache.
+            slots: [B] long cache slots.
+            attn_len: keys attention reads per row at most (None: the cache's length).
+
+        Returns:
+            (logits [B, Bs-1, V or Vd] in the model dtype, selector confidences [B, Bs-1] float32 or None
+            without a selector head).
         """
         cfg = self.config
         B, Bs = last_tokens.shape[0], cfg.block_size
@@ -220,7 +237,14 @@ class DFlash2Drafter(nn.Module):
         return logits.argmax(-1)
 
     def verify_budget(self, conf: Tensor | None) -> Tensor | None:
-        """Number of drafted tokens per row the selector sends for verification (None: all)."""
+        """Drafted tokens per row the selector sends for verification: the confident prefix.
+
+        Args:
+            conf: [B, Bs-1] float32 selector confidences from ``draft``, or None.
+
+        Returns:
+            [B] long counts, or None (all of them) without confidences.
+        """
         if conf is None:
             return None
         return (conf >= self.config.selector_threshold).int().cumprod(dim=1).sum(dim=1)
@@ -228,7 +252,16 @@ class DFlash2Drafter(nn.Module):
     @classmethod
     def from_pretrained(cls, directory: str | Path, target: nn.Module, dtype: torch.dtype = torch.float32,
                         device: torch.device | str = "cpu") -> "DFlash2Drafter":
-        """Load a z-lab DFlash (or our DFlash2) directory and bind it to ``target``'s embeddings/head."""
+        """Load a z-lab DFlash (or our DFlash2) directory and bind it to ``target``'s embeddings/head.
+
+        Args:
+            directory: config.json + model.safetensors.
+            target: the target model whose ``embed_tokens`` and ``lm_head`` the drafter shares.
+            dtype, device: of the drafter's own weights.
+
+        Returns:
+            The drafter in eval mode; ConfigError if it does not fit the target.
+        """
         directory = Path(directory)
         cfg = DrafterConfig.from_dict(read_config_json(directory / "config.json"))
         text_cfg = target.text_config

@@ -24,8 +24,18 @@ CHUNKED_FROM = 32  # CUDA prefill lengths above this use the chunked recurrence
 
 
 def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor):
-    """Sequential gated delta rule in fp32. q, k [B, T, Hk, Dk]; v [B, T, Hv, Dv]; g, beta [B, T, Hv];
-    state [B, Hv, Dk, Dv]. Returns (o [B, T, Hv, Dv] fp32, final state)."""
+    """Sequential gated delta rule in fp32, one token at a time (the reference).
+
+    Args:
+        q, k: [B, T, Hk, Dk], not yet normalised (Hv a multiple of Hk).
+        v: [B, T, Hv, Dv].
+        g: [B, T, Hv] fp32 log-decays.
+        beta: [B, T, Hv] fp32 write strengths.
+        state: [B, Hv, Dk, Dv] the state entering the first token.
+
+    Returns:
+        (o [B, T, Hv, Dv] fp32, final state [B, Hv, Dk, Dv] fp32).
+    """
     hv, dk = v.shape[2], k.shape[-1]
     rep = hv // k.shape[2]
     qn = (l2norm(q.float()) * dk**-0.5).repeat_interleave(rep, dim=2)
@@ -42,7 +52,7 @@ def gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, s
 def prefill_recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor):
     """The GDN recurrence of a no-cache or prefill pass. On CUDA, long inputs take the chunked form
     (T / 64 sequential steps instead of T kernel-launch-bound ones); elsewhere, and for short inputs,
-    the per-token reference loop."""
+    the per-token reference loop. Arguments and results as ``gated_delta_rule``."""
     if q.is_cuda and q.shape[1] > CHUNKED_FROM:
         return chunk_gated_delta_rule(q, k, v, g, beta, state)
     return gated_delta_rule(q, k, v, g, beta, state)
@@ -99,7 +109,17 @@ class GatedDeltaNet(nn.Module):
     def forward(self, projections: tuple[Tensor, ...], mode: str, cache: TargetCache | None = None,
                 slots: Tensor | None = None) -> Tensor:
         """The layer from its input projections on (``PROJECTIONS`` of the normed input, [B, T, *] each): the
-        decoder layer computes them, folding its norm into their GEMM in decode steps (``norm_project``)."""
+        decoder layer computes them, folding its norm into their GEMM in decode steps (``norm_project``).
+
+        Args:
+            projections: (qkv [B, T, 2*Hk*Dk + Hv*Dv], z [B, T, Hv*Dv], b [B, T, Hv], a [B, T, Hv]).
+            mode: ``full``, ``prefill`` or ``verify`` (see the module docstring).
+            cache: the target cache (``prefill`` / ``verify``).
+            slots: [B] long cache slots (with ``cache``).
+
+        Returns:
+            [B, T, hidden] in the model dtype.
+        """
         qkv, z, b, a = projections
         B, T, _ = qkv.shape
         z = z.reshape(B, T, self.num_v_heads, self.head_v_dim)

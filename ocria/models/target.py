@@ -23,11 +23,20 @@ IGNORED_TENSORS = (r"^mtp\.", r"^model\.mtp\.")
 
 def mrope_positions(input_ids: Tensor, image_grid_thw: Tensor | None, image_token_id: int,
                     spatial_merge: int) -> tuple[Tensor, int]:
-    """Qwen3.5 multimodal RoPE ids for one sequence: [3, L] and the text offset ``delta``.
+    """Qwen3.5 multimodal RoPE ids for one sequence.
 
     Text tokens advance all three axes together; an image block gets (t, row, col) ids starting at
     the current position and advances it by ``max(rows, cols)``. After the prompt, token index i
     has position ``i + delta`` on all three axes.
+
+    Args:
+        input_ids: [L] long.
+        image_grid_thw: [N, 3] long (t, h, w) in patches of the sequence's N images, in order; None without images.
+        image_token_id: the image-pad token.
+        spatial_merge: patches merged per image token along each side.
+
+    Returns:
+        (positions [3, L] long on input_ids' device, delta).
     """
     ids = input_ids.tolist()
     grids = iter(image_grid_thw.tolist() if image_grid_thw is not None else [])
@@ -91,7 +100,20 @@ class _LMBase(nn.Module):
 
     def forward_cached(self, embeds: Tensor, positions: Tensor, cache: TargetCache, slots: Tensor, mode: str,
                        capture: tuple[int, ...] = (), attn_len: int | None = None):
-        """Run T tokens per slot against the cache (``prefill`` or ``verify``); see ``TextModel``."""
+        """Run T tokens per slot against the cache (``prefill`` or ``verify``); see ``TextModel``.
+
+        Args:
+            embeds: [B, T, H] input embeddings.
+            positions: [3, B, T] long mRoPE ids.
+            cache: the target cache.
+            slots: [B] long, each row's cache slot.
+            mode: ``prefill`` or ``verify``.
+            capture: decoder layer indices whose outputs are returned too.
+            attn_len: keys attention reads per row at most (None: the cache's length).
+
+        Returns:
+            (normed hidden [B, T, H], [captured [B, T, H] per ``capture`` index]).
+        """
         return self.text(embeds, positions, mode, cache, slots, capture, attn_len)
 
     def tie_weights(self) -> None:
@@ -115,7 +137,17 @@ class OCRiaForConditionalGeneration(_LMBase):
               image_grid_thw: Tensor | None = None, check: bool = True) -> Tensor:
         """Token embeddings with the vision encoder's outputs placed at the image-pad positions. ``check=False``:
         the caller has matched image tokens and patches already (no host sync: the call can be graph-captured,
-        with ``image_grid_thw`` on the CPU)."""
+        with ``image_grid_thw`` on the CPU).
+
+        Args:
+            input_ids: [B, T] long.
+            pixel_values: [P, C*Tp*p*p] float patches of every image, or None.
+            image_grid_thw: [N, 3] long (t, h, w) per image, in patches.
+            check: RequestError when image tokens and image embeddings do not match.
+
+        Returns:
+            [B, T, H] embeddings in the embedding dtype.
+        """
         embeds = self.text.embed_tokens(input_ids)
         is_image = input_ids == self.config.image_token_id
         if pixel_values is None:
@@ -129,7 +161,15 @@ class OCRiaForConditionalGeneration(_LMBase):
         return embeds.masked_scatter(is_image[..., None], feats)
 
     def positions(self, input_ids: Tensor, image_grid_thw: Tensor | None) -> tuple[Tensor, Tensor]:
-        """mRoPE ids [3, B, T] for a batch of full prompts (images in batch order) and deltas [B]."""
+        """mRoPE ids for a batch of full prompts (host work: one ``mrope_positions`` per row).
+
+        Args:
+            input_ids: [B, T] long.
+            image_grid_thw: [N, 3] long (t, h, w) of the batch's images in batch order, or None.
+
+        Returns:
+            (positions [3, B, T] long, deltas [B] long), on input_ids' device.
+        """
         merge = self.config.vision.spatial_merge_size
         grids = list(image_grid_thw) if image_grid_thw is not None else []
         rows, deltas = [], []
@@ -148,7 +188,16 @@ class OCRiaForConditionalGeneration(_LMBase):
 
     def forward(self, input_ids: Tensor, pixel_values: Tensor | None = None,
                 image_grid_thw: Tensor | None = None) -> Tensor:
-        """No-cache parity forward: logits [B, T, V] (fp32)."""
+        """No-cache parity forward.
+
+        Args:
+            input_ids: [B, T] long.
+            pixel_values: [P, C*Tp*p*p] float patches, or None.
+            image_grid_thw: [N, 3] long, or None.
+
+        Returns:
+            Logits [B, T, V] float32.
+        """
         embeds = self.embed(input_ids, pixel_values, image_grid_thw)
         positions, _ = self.positions(input_ids, image_grid_thw)
         hidden, _ = self.text(embeds, positions)
@@ -157,6 +206,7 @@ class OCRiaForConditionalGeneration(_LMBase):
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
                         device: torch.device | str = "cpu") -> "OCRiaForConditionalGeneration":
+        """Load an HF ``Qwen3_5ForConditionalGeneration`` directory (config.json + safetensors) in eval mode."""
         directory = Path(directory)
         cfg = OCRiaConfig.from_dict(read_config_json(directory / "config.json"))
         with torch.device("meta"):
@@ -182,6 +232,7 @@ class OCRiaForCausalLM(_LMBase):
         return self.model
 
     def forward(self, input_ids: Tensor) -> Tensor:
+        """No-cache forward of text ids [B, T] long; returns logits [B, T, V] float32."""
         B, T = input_ids.shape
         positions = torch.arange(T, device=input_ids.device).expand(3, B, T)
         hidden, _ = self.model(self.model.embed_tokens(input_ids), positions)
@@ -190,6 +241,7 @@ class OCRiaForCausalLM(_LMBase):
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
                         device: torch.device | str = "cpu") -> "OCRiaForCausalLM":
+        """Load an HF ``Qwen3_5ForCausalLM`` directory (``qwen3_5_text``, or the text part of ``qwen3_5``)."""
         directory = Path(directory)
         raw = read_config_json(directory / "config.json")
         if raw.get("model_type") not in ("qwen3_5_text", "qwen3_5"):

@@ -83,7 +83,20 @@ class TextModel(nn.Module):
 
     def forward(self, embeds: Tensor, positions: Tensor, mode: str = "full", cache: TargetCache | None = None,
                 slots: Tensor | None = None, capture: tuple[int, ...] = (), attn_len: int | None = None):
-        """embeds [B, T, H]; positions [3, B, T]. Returns (normed hidden [B, T, H], [captured [B, T, H]])."""
+        """Run the decoder layers.
+
+        Args:
+            embeds: [B, T, H] input embeddings.
+            positions: [3, B, T] long mRoPE ids.
+            mode: ``full`` (no cache), ``prefill`` or ``verify`` (see the class docstring).
+            cache: the target cache (``prefill`` / ``verify``).
+            slots: [B] long, each row's cache slot (with ``cache``).
+            capture: layer indices whose outputs are returned too.
+            attn_len: keys attention reads per row at most (None: the cache's length).
+
+        Returns:
+            (normed hidden [B, T, H], [captured [B, T, H] per ``capture`` index, pre-norm]).
+        """
         if mode not in ("full", "prefill", "verify"):
             raise ValueError(f"unknown forward mode {mode!r}")
         cos, sin = self.rotary(positions, embeds.dtype)

@@ -79,7 +79,15 @@ class VisionModel(nn.Module):
         return pos, rows.repeat(t), cols.repeat(t)
 
     def forward(self, pixel_values: Tensor, grid_thw: Tensor) -> Tensor:
-        """pixel_values [P, C*Tp*p*p]; grid_thw [N, 3] -> merged embeddings [P / merge^2, out_hidden]."""
+        """Encode the patches of N images.
+
+        Args:
+            pixel_values: [P, C*Tp*p*p] float patches, block order (as the processor lays them out).
+            grid_thw: [N, 3] long (t, h, w) of each image in patches; P = sum(t * h * w).
+
+        Returns:
+            Merged embeddings [P / merge^2, out_hidden] in the encoder's dtype: one per image token.
+        """
         cfg = self.cfg
         dtype = self.patch_embed.proj.weight.dtype
         x = pixel_values.view(-1, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)

@@ -87,8 +87,8 @@ class CostModel:
         return self.fixed_us[fmt] + n * k * FORMAT_BITS[fmt] / 8 / 1e6 / self.tbps[fmt]
 
 
-# sm_90: fitted to H200 runs of bench/quant_gemm.py (the MLP, GDN and attention GEMMs of ocria-1-sim at M = 16, the LM
-# head at M = 1), the kernels of a batch-invariant decode step, with one latency floor of
+# sm_90: fitted to H200 timings of the decode GEMMs (the MLP, GDN and attention GEMMs of ocria-1-sim at M = 16, the
+# LM head at M = 1), the kernels of a batch-invariant decode step, with one latency floor of
 # 3 µs for every format: bf16 and the FP8 decode GEMM reach 3.7 and 4.2 TB/s of their weight bytes (gate/up 16.0 and
 # 9.2 µs, the LM head 280 and 119 µs), NVFP4 weight-only in 16-row tiles is dequantization-bound at ~0.8 TB/s of its
 # packed bytes (gate/up 21.3 µs). sm_100: a bytes model on paper, not measured here: B200-class HBM (8 TB/s, 80%
@@ -96,7 +96,7 @@ class CostModel:
 DEFAULT_MODELS = {
     "sm_90": CostModel("sm_90", "H100/H200 (Hopper: FP8 tensor cores, NVFP4 weight-only)",
                        {"bf16": 3.0, "fp8": 3.0, "nvfp4": 3.0}, {"bf16": 3.7, "fp8": 4.2, "nvfp4": 0.8},
-                       "fitted to H200 runs of bench/quant_gemm.py"),
+                       "fitted to H200 timings of the decode GEMMs"),
     "sm_100": CostModel("sm_100", "B200 (Blackwell: native FP8 and NVFP4 tensor cores)",
                         {"bf16": 3.0, "fp8": 3.0, "nvfp4": 3.0}, {"bf16": 6.4, "fp8": 6.4, "nvfp4": 6.4},
                         "on paper: bytes at 80% of 8 TB/s, not measured here"),

@@ -31,17 +31,19 @@ from ocria.runtime.sampling import sample
 class SamplingTensors:
     """Per-row sampling parameters on the device ([B] each)."""
 
-    temperature: Tensor
-    top_p: Tensor
-    top_k: Tensor
-    seed: Tensor
+    temperature: Tensor  # [B] float32; 0 = greedy
+    top_p: Tensor  # [B] float32; 1 = off
+    top_k: Tensor  # [B] long; 0 = off
+    seed: Tensor  # [B] long (``SamplingParams.seed64``)
 
 
 @dataclass
 class StepResult:
-    tokens: Tensor  # [B, T] target tokens y_0..y_{T-1}; row b emits tokens[b, :accepted[b] + 1]
-    accepted: Tensor  # [B] accepted drafts (0 in ar mode)
-    proposed: Tensor  # [B] drafts offered for verification (0 in ar mode)
+    """A decode step's tokens, on the device (T = 1 in ``ar`` mode, the drafter's block size in ``spec``)."""
+
+    tokens: Tensor  # [B, T] long target tokens y_0..y_{T-1}; row b emits tokens[b, :accepted[b] + 1]
+    accepted: Tensor  # [B] long accepted drafts (0 in ar mode)
+    proposed: Tensor  # [B] long drafts offered for verification (0 in ar mode)
 
 
 @dataclass
@@ -57,14 +59,24 @@ class PrefillInputs:
 
     @property
     def key(self) -> tuple:
-        """What the shapes of a prefill depend on: prompt length and image grid."""
+        """What the shapes of a prefill depend on: (prompt length T, image grid (t, h, w) or None)."""
         return self.ids.shape[1], None if self.grid is None else tuple(self.grid.reshape(-1).tolist())
 
 
 def prefill_inputs(target: OCRiaForConditionalGeneration, prompt: PreparedPrompt,
                    device: torch.device) -> PrefillInputs:
     """Check a prompt's image tokens against its image and lay it out for ``prefill_forward`` on ``device``
-    (pixel values already on the device, as ``Processor.on_device`` gives them, stay where they are)."""
+    (pixel values already on the device, as ``Processor.on_device`` gives them, stay where they are).
+
+    Args:
+        target: the target model (its mRoPE positions and image token id).
+        prompt: ``input_ids`` [T] long, ``pixel_values`` [P, C*Tp*p*p] float or None, ``image_grid_thw`` [1, 3].
+        device: where the forward runs.
+
+    Returns:
+        ``PrefillInputs`` with ids [1, T], positions [3, 1, T] and delta [1] on ``device``, the grid on the CPU.
+        RequestError if the prompt's image tokens do not match the image's embeddings.
+    """
     ids, grid = prompt.input_ids[None], prompt.image_grid_thw
     if grid is not None:
         grid = grid.cpu()
@@ -80,8 +92,21 @@ def prefill_inputs(target: OCRiaForConditionalGeneration, prompt: PreparedPrompt
 
 def prefill_forward(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
                     dcache: DrafterCache | None, slots: Tensor, inputs: PrefillInputs, chunk: int = 512) -> Tensor:
-    """Run a prompt into the empty slot ``slots`` [1] in chunks of ``chunk`` tokens; returns last-position logits
-    [1, V]. No host synchronisation: the call can be captured in a CUDA graph."""
+    """Run a prompt into the slot ``slots`` (reset first) in chunks of ``chunk`` tokens. No host
+    synchronisation: the call can be captured in a CUDA graph.
+
+    Args:
+        target: the target model.
+        drafter: also fill the drafter's context with the prompt's target features; None for ``ar``.
+        tcache: the target cache; the slot's KV, SSM state and rope delta are written.
+        dcache: the drafter's context cache (with ``drafter``), else None.
+        slots: [1] long, the slot, on the device.
+        inputs: the prompt from ``prefill_inputs``.
+        chunk: prompt tokens per forward.
+
+    Returns:
+        Logits [1, V] float32 at the prompt's last position.
+    """
     tcache.reset(slots)
     if dcache is not None:
         dcache.reset(slots)
@@ -103,7 +128,11 @@ def prefill_forward(target: OCRiaForConditionalGeneration, drafter: DFlash2Draft
 @torch.no_grad()
 def prefill(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
             dcache: DrafterCache | None, slot: int, prompt: PreparedPrompt, chunk: int = 512) -> Tensor:
-    """Run a prompt (image + text) into an empty slot in chunks; returns last-position logits [1, V]."""
+    """Run a prompt (image + text) into slot ``slot`` in chunks: ``prefill_inputs`` then ``prefill_forward``.
+
+    Returns:
+        Logits [1, V] float32 at the prompt's last position.
+    """
     device = tcache.kv_len.device
     slots = torch.tensor([slot], device=device)
     return prefill_forward(target, drafter, tcache, dcache, slots, prefill_inputs(target, prompt, device), chunk)
@@ -113,9 +142,25 @@ def prefill(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | Non
 def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
                 dcache: DrafterCache | None, slots: Tensor, last: Tensor, params: SamplingTensors,
                 attn_len: int, all_greedy: bool | None = None) -> StepResult:
-    """One ``ar`` (drafter None) or ``spec`` step for rows ``slots`` [B] with last tokens ``last`` [B].
+    """One ``ar`` (drafter None) or ``spec`` step for rows ``slots``; commits the kept tokens to the caches.
 
     No host synchronisation when ``all_greedy`` is given: the step can be captured in a CUDA graph.
+
+    Args:
+        target: the target model.
+        drafter: the drafter for a ``spec`` step; None for ``ar``.
+        tcache: the target cache; the rows' committed lengths advance by ``accepted + 1``.
+        dcache: the drafter's context cache (with ``drafter``), else None.
+        slots: [B] long cache slots, on the device.
+        last: [B] long, each row's newest token, not yet seen by the target.
+        params: the rows' sampling parameters ([B] each).
+        attn_len: at least the longest committed length of the rows (the longest, or a CUDA graph's bucket):
+            attention reads ``attn_len + T`` keys per row, those past a row's length masked.
+        all_greedy: whether every row has temperature 0, if known on the host; None checks on the device.
+
+    Returns:
+        ``StepResult``: tokens [B, T] long, accepted [B] long, proposed [B] long (T = 1 for ``ar``, the
+        drafter's block size for ``spec``).
     """
     B = slots.shape[0]
     budget = None

@@ -20,6 +20,13 @@ def _decoder(tokenizer, skip_special_tokens: bool) -> tuple[Callable[[list[int]]
 
 
 class IncrementalDetokenizer:
+    """One request's output text, token ids in, final text out.
+
+    Args:
+        tokenizer: a transformers tokenizer (fast tokenizers with a byte-level decoder decode incrementally).
+        skip_special_tokens: leave special tokens out of the text.
+    """
+
     def __init__(self, tokenizer, skip_special_tokens: bool = True):
         self._decode, self._splits = _decoder(tokenizer, skip_special_tokens)
         self.ids: list[int] = []
@@ -31,7 +38,14 @@ class IncrementalDetokenizer:
         return self._done_text + self._decode(self.ids[self._done:])
 
     def push(self, token_ids: list[int]) -> str:
-        """Add tokens; return the new final text (held back while it ends in an incomplete character)."""
+        """Add tokens.
+
+        Args:
+            token_ids: the new token ids.
+
+        Returns:
+            The new final text: empty while the text ends in an incomplete character.
+        """
         self.ids.extend(token_ids)
         text = self._text()
         if text.endswith("\ufffd"):
@@ -51,4 +65,5 @@ class IncrementalDetokenizer:
 
     @property
     def text(self) -> str:
+        """All the text returned so far by ``push`` and ``flush``."""
         return self.emitted

@@ -1,6 +1,7 @@
 """Load a built engine directory and generate from it."""
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -15,14 +16,48 @@ from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
 
 
+@dataclass(frozen=True)
+class EngineProfile:
+    """The limits an engine was built for (the manifest's ``profile``; the defaults apply to a missing key)."""
+
+    max_batch_size: int = 8  # sequence slots, before the device's memory caps them (``plan_batch_size``)
+    max_seq_len: int = 2048  # prompt + generated tokens of one sequence
+    prefill_chunk: int = 512  # prompt tokens per prefill forward
+    max_image_pixels: int = 1 << 20  # the processor's pixel budget per page
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "EngineProfile":
+        """Args:
+            manifest: an engine's ``manifest.json`` content (``{}`` when unverified).
+
+        Returns:
+            The profile, every field converted to ``int``.
+        """
+        profile, defaults = manifest.get("profile", {}), cls()
+        return cls(**{name: int(profile.get(name, getattr(defaults, name)))
+                      for name in ("max_batch_size", "max_seq_len", "prefill_chunk", "max_image_pixels")})
+
+
 def check_fraction(fraction: float) -> None:
+    """Raise OcriaError unless ``fraction`` (the share of device memory the engine may use) is in (0, 1]."""
     if not 0 < fraction <= 1:
         raise OcriaError(f"gpu_memory_fraction must be in (0, 1], got {fraction}")
 
 
 def plan_batch_size(free_bytes: int, total_bytes: int, fraction: float, slot_bytes: int, requested: int) -> int:
     """Sequence slots that fit: the caches may use what is free now, minus the part of the device's
-    memory kept out of reach (1 - fraction); never more than requested, and at least one or an error."""
+    memory kept out of reach (1 - fraction); never more than requested, and at least one or an error.
+
+    Args:
+        free_bytes: device memory free now (``torch.cuda.mem_get_info``).
+        total_bytes: the device's memory.
+        fraction: share of ``total_bytes`` the engine may use, in (0, 1].
+        slot_bytes: device bytes one sequence slot needs (``Engine.slot_bytes``).
+        requested: the profile's max batch size.
+
+    Returns:
+        The batch size, ``1 <= size <= requested``; one slot beyond it is kept spare for CUDA-graph padding.
+    """
     check_fraction(fraction)
     budget = free_bytes - (1 - fraction) * total_bytes
     fit = int(budget // slot_bytes) - 1  # one spare slot pads CUDA-graph buckets
@@ -33,7 +68,16 @@ def plan_batch_size(free_bytes: int, total_bytes: int, fraction: float, slot_byt
 
 
 def load_target(directory: Path, dtype: torch.dtype, device: str) -> OCRiaForConditionalGeneration:
-    """The target checkpoint: plain HF weights, or a ModelOpt unified (quantized) checkpoint."""
+    """The target checkpoint: plain HF weights, or a ModelOpt unified (quantized) checkpoint.
+
+    Args:
+        directory: an HF model directory (``config.json``, safetensors, optionally ``hf_quant_config.json``).
+        dtype: the dtype of unquantized weights and activations.
+        device: where the weights go.
+
+    Returns:
+        The target model on ``device``.
+    """
     if (directory / "hf_quant_config.json").is_file():
         from ocria.quant.load import load_quantized_target
 
@@ -42,7 +86,23 @@ def load_target(directory: Path, dtype: torch.dtype, device: str) -> OCRiaForCon
 
 
 class Engine:
-    """Target + drafter + processor of one engine directory, on one device."""
+    """Target + drafter + processor of one engine directory, on one device.
+
+    Args:
+        root: the engine directory (``manifest.json``, ``target/``, optional ``drafter/``, ``tokenizer/``).
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        dtype: model dtype; default bf16 on CUDA, fp32 on the CPU.
+        use_plugins: the Triton kernels (``ocria.plugins``) instead of the PyTorch references; default on CUDA.
+        verify: check the files against the manifest's hashes first.
+        use_graphs: run decode steps and prefill as CUDA graphs; default on CUDA.
+        gpu_memory_fraction: in (0, 1]; the caches may take what is free minus ``1 - gpu_memory_fraction`` of the
+            device's memory.
+
+    Attributes:
+        max_batch_size: sequence slots, the profile's capped by the device's memory.
+        block_size: tokens a ``spec`` step verifies (the drafter's block; 1 without a drafter).
+        plugins: ``"triton"`` or ``"reference"``, as the generation stats report it.
+    """
 
     def __init__(self, root: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
                  use_plugins: bool | None = None, verify: bool = True, use_graphs: bool | None = None,
@@ -52,16 +112,16 @@ class Engine:
         if not self.root.is_dir():
             raise OcriaError(f"{self.root}: engine directory not found")
         self.manifest = verify_engine(self.root) if verify else {}
-        profile = self.manifest.get("profile", {})
+        profile = EngineProfile.from_manifest(self.manifest)
         self.device = resolve_device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise OcriaError("CUDA graphs need device 'cuda'")
-        self.max_batch_size = int(profile.get("max_batch_size", 8))
-        self.max_seq_len = int(profile.get("max_seq_len", 2048))
-        self.prefill_chunk = int(profile.get("prefill_chunk", 512))
-        self.processor = Processor.from_engine_dir(self.root, int(profile.get("max_image_pixels", 1 << 20)))
+        self.max_batch_size = profile.max_batch_size
+        self.max_seq_len = profile.max_seq_len
+        self.prefill_chunk = profile.prefill_chunk
+        self.processor = Processor.from_engine_dir(self.root, profile.max_image_pixels)
         self.target = load_target(self.root / "target", self.dtype, str(self.device))
         self.target.set_plugins(use_plugins)
         self.target.text.fuse_projections()
@@ -82,7 +142,11 @@ class Engine:
 
     def slot_bytes(self) -> int:
         """Device bytes one sequence slot needs: its caches at the engine's max length, plus the
-        step's per-row logits (target fp32, drafter in the model dtype) and sampling scratch."""
+        step's per-row logits (target fp32, drafter in the model dtype) and sampling scratch.
+
+        Returns:
+            Bytes, from caches allocated on the ``meta`` device (nothing is allocated).
+        """
         length, block = self.max_seq_len + self.block_size, self.block_size
         total = cache_bytes(TargetCache.allocate(self.target.text_config, 1, length, block, self.dtype, "meta"))
         if self.drafter is not None:
@@ -92,7 +156,12 @@ class Engine:
         return total + block * self.target.text_config.vocab_size * (4 + 2 + 8)
 
     def check(self, prompt: PreparedPrompt, params: SamplingParams) -> None:
-        """Validate a request against this engine; RequestError with a one-line reason."""
+        """Validate a request against this engine; RequestError with a one-line reason.
+
+        Args:
+            prompt: the prepared prompt (``input_ids`` [L] long).
+            params: its sampling parameters.
+        """
         length = prompt.input_ids.numel()
         if length >= self.max_seq_len:
             raise RequestError(f"the prompt is {length} tokens, the engine's max length is {self.max_seq_len}")
@@ -105,11 +174,22 @@ class Engine:
             raise RequestError("mode 'spec' needs a drafter, and this engine has none")
 
     def scheduler(self, max_batch_size: int | None = None) -> Scheduler:
+        """A continuous-batching scheduler with its own caches, for at most ``max_batch_size`` sequences
+        (default the engine's)."""
         return Scheduler(self, max_batch_size)
 
     def generate(self, image: bytes | str | Path, prompt: str | None = None,
                  params: SamplingParams | None = None) -> Iterator[Event]:
-        """Single-request convenience: yields events until the final one."""
+        """Single-request convenience: yields events until the final one.
+
+        Args:
+            image: encoded image bytes or a path.
+            prompt: the instruction; default ``DEFAULT_PROMPT``.
+            params: sampling parameters; default greedy ``spec``.
+
+        Returns:
+            An iterator of the request's events; the last has ``finished`` set and the stats.
+        """
         sched = self.scheduler(max_batch_size=1)
         rid = sched.add(self.processor.prepare(image, prompt), params or SamplingParams())
         while True:
@@ -121,4 +201,5 @@ class Engine:
 
 
 def load_engine(root: str | Path, device: str = "cpu", **kwargs) -> Engine:
+    """``Engine(root, device, **kwargs)``: see ``Engine`` for the arguments."""
     return Engine(root, device=device, **kwargs)

@@ -25,6 +25,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
+    """The smallest of ``buckets`` (ascending) that is at least ``n``; ValueError beyond the largest."""
     for b in buckets:
         if b >= n:
             return b
@@ -32,6 +33,18 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 
 class GraphDecoder:
+    """Decode steps replayed from CUDA graphs, one graph per (batch bucket, spec, attention-length bucket, greedy),
+    captured on first use.
+
+    Args:
+        target: the target model.
+        drafter: the drafter, or None (``ar`` steps only).
+        tcache: the target cache the steps read and commit to.
+        dcache: the drafter's context cache, or None.
+        pad_slot: a cache slot no request uses: the rows of a bucket beyond the live batch point at it.
+        max_batch: the most live rows a step has.
+    """
+
     def __init__(self, target: OCRiaForConditionalGeneration, drafter, tcache: TargetCache,
                  dcache: DrafterCache | None, pad_slot: int, max_batch: int):
         self.target, self.drafter, self.tcache, self.dcache = target, drafter, tcache, dcache
@@ -44,6 +57,7 @@ class GraphDecoder:
         self.params = SamplingTensors(torch.zeros(n, device=dev), torch.ones(n, device=dev),
                                       torch.zeros(n, dtype=torch.long, device=dev),
                                       torch.zeros(n, dtype=torch.long, device=dev))
+        # a step's results, one row per batch row: tokens [T], then accepted, then proposed
         self.out = torch.zeros(n, t + 2, dtype=torch.long, device=dev)
         self.host_out = torch.zeros(n, t + 2, dtype=torch.long, pin_memory=True)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
@@ -57,6 +71,8 @@ class GraphDecoder:
         self.len_buckets = (*len_buckets, tcache.max_len)
 
     def _body(self, rows: int, spec: bool, attn_len: int, greedy: bool) -> None:
+        """What a graph runs: ``decode_step`` on the first ``rows`` static inputs, its outputs into ``out`` and the
+        next step's ``last``, then the pad slot emptied again."""
         p = self.params
         params = SamplingTensors(p.temperature[:rows], p.top_p[:rows], p.top_k[:rows], p.seed[:rows])
         res = decode_step(self.target, self.drafter if spec else None, self.tcache, self.dcache if spec else None,
@@ -73,6 +89,8 @@ class GraphDecoder:
             self.dcache.ctx_len[pad].zero_()
 
     def _graph(self, key: tuple) -> torch.cuda.CUDAGraph:
+        """The graph of ``key`` = (rows, spec, attn_len, greedy), captured (after two warm-up runs on the pad
+        slot) the first time it is asked for."""
         graph = self.graphs.get(key)
         if graph is None:
             rows, spec, attn_len, greedy = key
@@ -92,17 +110,30 @@ class GraphDecoder:
         return graph
 
     def step(self, slots: list[int], last: list[int], params: SamplingTensors | None, spec: bool,
-             max_len: int, greedy: bool, composition: tuple) -> tuple[Tensor, Tensor, Tensor]:
-        """Run one step for live rows ``slots``; returns host tensors tokens [n, T], accepted [n], proposed [n].
+             attn_len: int, greedy: bool, composition: tuple) -> tuple[Tensor, Tensor, Tensor]:
+        """Run one step for the n live rows ``slots``.
 
         ``composition`` identifies the batch (request ids and modes): inputs are written only when it
         changes, otherwise the graph's own ``last`` update feeds the next step.
+
+        Args:
+            slots: the rows' cache slots (n of them).
+            last: each row's newest token, not yet seen by the target.
+            params: the rows' sampling parameters ([n] each); may be None when ``composition`` is unchanged.
+            spec: a ``spec`` step (else ``ar``).
+            attn_len: the longest committed length of the rows (bucketed with the block for the graph).
+            greedy: whether every row has temperature 0.
+            composition: a hashable identity of the batch.
+
+        Returns:
+            Host (pinned) tensors tokens [n, T] long, accepted [n] long, proposed [n] long, valid until the next
+            step (T = 1 for ``ar``, the drafter's block size for ``spec``).
         """
         n = len(slots)
         rows = bucket(n, BATCH_BUCKETS)
         T = self.drafter.config.block_size if spec else 1
-        attn_len = bucket(min(max_len + T, self.tcache.max_len), self.len_buckets)
-        key = (rows, spec, attn_len, greedy)
+        attn_bucket = bucket(min(attn_len + T, self.tcache.max_len), self.len_buckets)
+        key = (rows, spec, attn_bucket, greedy)
         graph = self._graph(key)
         if composition != self.composition:
             dev = self.slots.device
@@ -131,6 +162,15 @@ class PrefillGraphs:
     shape is seen (the first runs eagerly), and the ``max_graphs`` most recently used are kept, so a stream of
     odd-sized pages costs what eager prefill costs and a service reading one page format pays capture once. A replay
     runs the kernels the eager forward runs, on the same shapes: its logits are the eager forward's bit for bit.
+
+    Args:
+        target: the target model.
+        drafter: the drafter, or None.
+        tcache: the target cache prefill writes.
+        dcache: the drafter's context cache, or None.
+        pad_slot: a cache slot no request uses, where warm-up and capture run.
+        chunk: prompt tokens per forward (``prefill_forward``).
+        max_graphs: captured shapes kept, least recently used dropped first.
     """
 
     def __init__(self, target: OCRiaForConditionalGeneration, drafter, tcache: TargetCache,
@@ -144,7 +184,16 @@ class PrefillGraphs:
         self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, slot: int, inputs: PrefillInputs, spec: bool) -> Tensor:
-        """Prefill ``inputs`` into ``slot``; returns its last-position logits [1, V] (valid until the next call)."""
+        """Prefill ``inputs`` into ``slot``.
+
+        Args:
+            slot: the request's cache slot.
+            inputs: the prompt from ``prefill_inputs``.
+            spec: also fill the drafter's context.
+
+        Returns:
+            Last-position logits [1, V] float32, valid until the next call (a graph's static output).
+        """
         key = (spec, *inputs.key)
         entry = self.graphs.get(key)
         if entry is None and (key not in self.seen or self.failed is not None):

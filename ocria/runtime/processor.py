@@ -49,6 +49,7 @@ class ImageConfig:
 
     @classmethod
     def load(cls, path: Path) -> "ImageConfig":
+        """Read ``path`` (a ``preprocessor_config.json``); OcriaError naming it if it is not one."""
         try:
             c = json.loads(path.read_text())
             return cls(c["patch_size"], c["temporal_patch_size"], c["merge_size"], c["size"]["shortest_edge"],
@@ -60,7 +61,16 @@ class ImageConfig:
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """Qwen2-VL's resize rule: both sides multiples of ``factor``, the area within [min_pixels, max_pixels], the
-    aspect ratio kept as nearly as rounding allows. Returns (height, width)."""
+    aspect ratio kept as nearly as rounding allows; ValueError for an aspect ratio over ``MAX_ASPECT_RATIO``.
+
+    Args:
+        height, width: the image's size in pixels.
+        factor: what both sides become multiples of (patch size x merge size).
+        min_pixels, max_pixels: the bounds on the resized area.
+
+    Returns:
+        (height, width) resized.
+    """
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise ValueError(f"absolute aspect ratio must be smaller than {MAX_ASPECT_RATIO}, got "
                          f"{max(height, width) / min(height, width)}")
@@ -87,6 +97,8 @@ class Resize:
 
 @dataclass
 class PreparedPrompt:
+    """One request's model inputs, on the CPU (``Processor.on_device`` moves the pixels)."""
+
     input_ids: torch.Tensor  # [L] long
     pixel_values: torch.Tensor  # [P, C*Tp*p*p] float32 (uint8 from ``prepare(as_bytes=True)``)
     image_grid_thw: torch.Tensor  # [1, 3] long
@@ -94,11 +106,15 @@ class PreparedPrompt:
 
 
 class Processor:
-    """Tokenizer + image processor of an engine (no model weights: cheap to load anywhere)."""
+    """Tokenizer + image processor of an engine (no model weights: cheap to load anywhere).
+
+    Args:
+        directory: the tokenizer directory (tokenizer files and ``preprocessor_config.json``).
+        max_pixels: the engine's pixel budget. Images are resized to at most this many pixels, or to the
+            processor config's own max_pixels (``size.longest_edge``, what the model was trained at) if smaller.
+    """
 
     def __init__(self, directory: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS):
-        """``max_pixels``: the engine's pixel budget. Images are resized to at most this many pixels, or to the
-        processor config's own max_pixels (``size.longest_edge``, what the model was trained at) if smaller."""
         directory = Path(directory)
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
         self.image = ImageConfig.load(directory / "preprocessor_config.json")
@@ -115,6 +131,7 @@ class Processor:
 
     @classmethod
     def from_engine_dir(cls, engine_dir: str | Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> "Processor":
+        """The processor of an engine directory (its ``tokenizer/``)."""
         return cls(Path(engine_dir) / "tokenizer", max_pixels)
 
     def load_image(self, image: bytes | str | Path | Image.Image) -> Image.Image:
@@ -151,9 +168,19 @@ class Processor:
 
     def prepare(self, image: bytes | str | Path | Image.Image, prompt: str | None = None,
                 as_bytes: bool = False) -> PreparedPrompt:
-        """The prompt ids and patches of one image. ``as_bytes``: the patches as the resized image's uint8
-        values, a quarter of the bytes to move (training batches); ``pixels_from_bytes`` with
-        ``byte_table`` turns them into exactly the pixel values of ``as_bytes=False``."""
+        """The chat-formatted prompt ids and the patches of one image.
+
+        Args:
+            image: encoded bytes, a path, or a decoded PIL image.
+            prompt: the instruction; default ``DEFAULT_PROMPT``.
+            as_bytes: the patches as the resized image's uint8 values, a quarter of the bytes to move (training
+                batches); ``pixels_from_bytes`` with ``byte_table`` turns them into exactly the pixel values of
+                ``as_bytes=False``.
+
+        Returns:
+            ``PreparedPrompt``: input_ids [L] long, pixel_values [P, C*Tp*p*p] float32 (uint8 with ``as_bytes``),
+            image_grid_thw [1, 3] long, and the resize. RequestError for an unusable image.
+        """
         img = self.load_image(image)
         pixel_values, grid = self.patch_bytes(img)
         if not as_bytes:
@@ -186,7 +213,12 @@ class Processor:
     def on_device(self, prompt: PreparedPrompt, device: torch.device) -> PreparedPrompt:
         """The prompt's pixels as float values on ``device``: uint8 patch bytes (``prepare(as_bytes=True)``, a
         quarter of the bytes to move) become exactly the values of ``as_bytes=False`` through ``byte_table``, on the
-        device (the table is copied there once per device)."""
+        device (the table is copied there once per device).
+
+        Returns:
+            A ``PreparedPrompt`` whose uint8 pixel_values became [P, C*Tp*p*p] float32 on ``device`` (float pixels
+            pass through unchanged, where they are); input_ids and the grid stay where they were.
+        """
         pixels = prompt.pixel_values
         if pixels is not None and pixels.dtype == torch.uint8:
             table = self._device_tables.get(device)
@@ -207,8 +239,15 @@ class Processor:
 
 
 def pixels_from_bytes(patch_bytes: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """uint8 patches [P, C*Tp*p*p] (channel-major rows, as the processor lays them out) -> their float32
-    pixel values via ``Processor.byte_table`` [C, 256], on the patches' device."""
+    """Patch bytes to pixel values, by table lookup.
+
+    Args:
+        patch_bytes: [P, C*Tp*p*p] uint8 patches (channel-major rows, as the processor lays them out).
+        table: [C, 256] float32, ``Processor.byte_table``.
+
+    Returns:
+        [P, C*Tp*p*p] float32 pixel values on the patches' device.
+    """
     table = table.to(patch_bytes.device)
     return torch.cat([t[b.int()] for t, b in zip(table, patch_bytes.chunk(table.shape[0], 1))], 1)
 

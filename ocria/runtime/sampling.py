@@ -27,19 +27,25 @@ SEED_RANGE = (-(1 << 63), 1 << 64)  # any signed or unsigned 64-bit seed
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    mode: str = "spec"
+    """One request's generation settings (checked against the engine by ``check``)."""
+
+    max_tokens: int = 256  # generated tokens at most
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept; 1 = off
+    top_k: int = 0  # most likely tokens kept; 0 = off
+    seed: int = 0  # any 64-bit integer, signed or unsigned (``seed64``)
+    stop: tuple[str, ...] = ()  # stop strings: the output ends before the first one
+    stop_token_ids: tuple[int, ...] = ()  # tokens that end the output (not returned), besides EOS
+    mode: str = "spec"  # one of MODES: "spec" (speculative, needs a drafter) or "ar" (one token per step)
     ignore_eos: bool = False
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # free-form request fields; the runtime does not read them
 
     def check(self, max_new_tokens: int) -> None:
-        """One-line RequestError for any out-of-range field."""
+        """One-line RequestError for any out-of-range field.
+
+        Args:
+            max_new_tokens: tokens that fit in the engine's max length after the prompt.
+        """
         if not isinstance(self.seed, int) or not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]:
             raise RequestError(f"seed must be a 64-bit integer (signed or unsigned), got {self.seed!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
@@ -75,7 +81,16 @@ def _mix(x: Tensor) -> Tensor:
 
 
 def gumbel_noise(seeds: Tensor, positions: Tensor, vocab: int) -> Tensor:
-    """Gumbel(0, 1) noise [..., V] keyed by seeds and positions (same shape [...])."""
+    """Gumbel(0, 1) noise keyed by seed, position and vocabulary id.
+
+    Args:
+        seeds: [...] int64 seeds.
+        positions: [...] int64 sequence indices, the shape of ``seeds``.
+        vocab: V.
+
+    Returns:
+        [..., V] float32 noise on the seeds' device.
+    """
     key = _mix(seeds.long() * _i64(_GOLD) + positions.long())
     ids = torch.arange(vocab, device=seeds.device, dtype=torch.long)
     bits = _mix(key[..., None] ^ (ids * _i64(_M2)))
@@ -84,7 +99,17 @@ def gumbel_noise(seeds: Tensor, positions: Tensor, vocab: int) -> Tensor:
 
 
 def filter_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
-    """Scale by temperature and mask outside top-k / top-p (per row; top_k 0 = off, top_p 1 = off)."""
+    """Scale by temperature and mask outside top-k / top-p (per row; top_k 0 = off, top_p 1 = off).
+
+    Args:
+        logits: [..., V] logits.
+        temperature: [...] float, clamped to at least 1e-6.
+        top_p: [...] float in (0, 1].
+        top_k: [...] long, 0 for all of V.
+
+    Returns:
+        [..., V] float32 scores, -inf outside the kept tokens (the most likely token is always kept).
+    """
     scores = logits.float() / temperature.clamp_min(1e-6)[..., None]
     vocab = scores.shape[-1]
     sorted_scores, order = scores.sort(dim=-1, descending=True)
@@ -100,9 +125,21 @@ def filter_logits(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Ten
 
 def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, seeds: Tensor,
            positions: Tensor, all_greedy: bool | None = None) -> Tensor:
-    """Tokens [...] from logits [..., V]; greedy where temperature == 0. Sampling parameters and seeds
-    are per row ([B], broadcast over the trailing position axis of logits [B, T, V]). ``all_greedy``
-    (known on the host) skips the sampling path without a device sync; None checks on the device."""
+    """Tokens from logits; greedy where temperature == 0, else a Gumbel-max draw keyed by (seed, position).
+
+    Args:
+        logits: [B, V] or [B, T, V].
+        temperature: [B] float32 (broadcast over T).
+        top_p: [B] float32.
+        top_k: [B] long.
+        seeds: [B] long.
+        positions: [B] or [B, T] long, the sequence index of each token drawn.
+        all_greedy: whether every temperature is 0, if known on the host (skips the sampling path without a
+            device sync); None checks on the device.
+
+    Returns:
+        [B] or [B, T] long token ids.
+    """
     while temperature.dim() < logits.dim() - 1:
         temperature, top_p, top_k, seeds = (x[..., None].expand(positions.shape)
                                              for x in (temperature, top_p, top_k, seeds))

@@ -24,48 +24,66 @@ from ocria.runtime.sampling import SamplingParams, sample
 
 @dataclass
 class GenerationStats:
+    """One request's counters, final in its last event."""
+
     num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0
-    num_steps: int = 0
-    num_draft_tokens: int = 0
+    num_generated_tokens: int = 0  # tokens returned (stop tokens and what follows a stop excluded)
+    num_steps: int = 0  # decode steps the request took part in (the first token, from prefill, is not one)
+    num_draft_tokens: int = 0  # drafts offered for verification
     num_accepted_draft_tokens: int = 0
-    acceptance_length: float = 0.0
-    first_token_time_ns: int = 0
+    acceptance_length: float = 0.0  # tokens kept per decode step (accepted drafts + the target's own token)
+    first_token_time_ns: int = 0  # time.time_ns() at the first token
     last_token_time_ns: int = 0
-    tokens_per_s: float = 0.0
-    batch_size_max: int = 0
-    mode: str = "spec"
-    plugins: str = "reference"
+    tokens_per_s: float = 0.0  # generated tokens over the time from submission to the last token
+    batch_size_max: int = 0  # the largest batch the request's tokens came from
+    mode: str = "spec"  # ``SamplingParams.mode``
+    plugins: str = "reference"  # ``Engine.plugins``: "triton" or "reference"
     batch_invariant: bool = True  # decode steps in batch_invariant_rows() (OCRIA_BATCH_INVARIANT)
 
 
 @dataclass
 class Event:
+    """What one ``Scheduler.step`` produced for one request."""
+
     request_id: int
-    token_ids: list[int]
-    text: str
+    token_ids: list[int]  # the tokens kept this step (possibly none)
+    text: str  # new final text; the events' texts concatenate to the request's output
     finished: bool = False
-    finish_reason: str | None = None
-    stats: GenerationStats | None = None
+    finish_reason: str | None = None  # "stop", "length" or "cancelled" once finished
+    stats: GenerationStats | None = None  # set on the finishing event
 
 
 @dataclass
 class _Request:
+    """A request's host state while it waits or runs."""
+
     rid: int
     prompt: PreparedPrompt
     params: SamplingParams
     detok: IncrementalDetokenizer
     submitted_ns: int
-    slot: int = -1
-    last: int = -1
+    slot: int = -1  # its cache slot while running
+    last_token: int = -1  # the newest kept token, not yet seen by the target: the next step's input
     length: int = 0  # tokens committed in the target cache
     generated: list[int] = field(default_factory=list)
-    emitted_chars: int = 0
+    emitted_chars: int = 0  # characters of the output text already sent in events
     stats: GenerationStats = field(default_factory=GenerationStats)
-    decode_tokens: int = 0
+    decode_tokens: int = 0  # tokens kept from decode steps (the acceptance length's numerator)
 
 
 class Scheduler:
+    """Continuous batching over one engine's models, with its own caches.
+
+    Args:
+        engine: the ``Engine`` whose target, drafter, processor and profile it uses.
+        max_batch_size: sequences running at once; default ``engine.max_batch_size``.
+
+    Attributes:
+        tcache: the target cache, ``max_batch_size`` slots (+1 spare with CUDA graphs), each ``max_len`` long.
+        dcache: the drafter's context cache with the same slots, or None without a drafter.
+        stage_seconds: wall seconds spent in ``step()``'s "prefill" and "decode" stages, results back on the host.
+    """
+
     def __init__(self, engine, max_batch_size: int | None = None):
         self.engine = engine
         self.max_batch_size = max_batch_size or engine.max_batch_size
@@ -79,8 +97,8 @@ class Scheduler:
         self.dcache = None if d is None else DrafterCache.allocate(
             d.config.num_hidden_layers, d.config.num_key_value_heads, d.config.head_dim, slots, self.max_len,
             dtype, device)
-        self.graph = (GraphDecoder(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
-                                   self.max_batch_size) if use_graphs else None)
+        self.decode_graphs = (GraphDecoder(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
+                                           self.max_batch_size) if use_graphs else None)
         self.prefill_graphs = (PrefillGraphs(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
                                              engine.prefill_chunk) if use_graphs else None)
         self.free = list(range(self.max_batch_size))
@@ -93,12 +111,23 @@ class Scheduler:
 
     @property
     def num_running(self) -> int:
+        """Requests holding a cache slot."""
         return len(self.running)
 
     def has_work(self) -> bool:
+        """Whether ``step()`` has anything to do: waiting, running or cancelled requests."""
         return bool(self.waiting or self.running or self.cancelled)
 
     def add(self, prompt: PreparedPrompt, params: SamplingParams) -> int:
+        """Queue a request; it is prefilled at the first ``step()`` with a free slot.
+
+        Args:
+            prompt: the prepared prompt (``input_ids`` [L] long, pixel values, image grid).
+            params: its sampling parameters, checked against the engine (RequestError if out of range).
+
+        Returns:
+            The request id its events carry.
+        """
         self.engine.check(prompt, params)
         rid = self.next_id
         self.next_id += 1
@@ -116,6 +145,12 @@ class Scheduler:
             self.cancelled.add(rid)
 
     def step(self) -> list[Event]:
+        """Drop cancelled requests, prefill waiting ones into free slots, then run one batched decode step per
+        mode (``spec`` rows, then ``ar`` rows).
+
+        Returns:
+            The events of this step, at most one per request admitted or decoded, plus one per cancellation.
+        """
         events = self._drop_cancelled()
         start = time.perf_counter()
         admitted = []
@@ -156,6 +191,7 @@ class Scheduler:
         self.free.append(req.slot)
 
     def _sampling(self, rows: list[_Request]) -> SamplingTensors:
+        """The rows' sampling parameters as [B] device tensors."""
         dev = self.engine.device
         return SamplingTensors(
             temperature=torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
@@ -165,8 +201,8 @@ class Scheduler:
         )
 
     def _admit(self, req: _Request) -> tuple[_Request, Tensor]:
-        """Prefill a waiting request into a free slot; returns it with its first token [1], still on the device
-        (sampled before the next prefill reuses the graph's logits buffer)."""
+        """Prefill a waiting request into a free slot; returns it with its first token [1] long, still on the
+        device (sampled before the next prefill reuses the graph's logits buffer)."""
         engine = self.engine
         req.slot = self.free.pop()
         self.running[req.rid] = req
@@ -184,16 +220,17 @@ class Scheduler:
         return req, sample(logits, p.temperature, p.top_p, p.top_k, p.seed, pos, req.params.temperature == 0)
 
     def _decode(self, rows: list[_Request], spec: bool) -> list[Event]:
+        """One decode step (``spec`` or ``ar``) for ``rows``; an event per row."""
         engine = self.engine
         dev = engine.device
         slots = torch.tensor([r.slot for r in rows], device=dev)
-        last = torch.tensor([r.last for r in rows], device=dev)
+        last = torch.tensor([r.last_token for r in rows], device=dev)
         attn_len = max(r.length for r in rows)
         greedy = all(r.params.temperature == 0 for r in rows)
-        if self.graph is not None:
+        if self.decode_graphs is not None:
             composition = (spec, *(r.rid for r in rows))
-            params = self._sampling(rows) if composition != self.graph.composition else None
-            out = self.graph.step(slots.tolist(), last.tolist(), params, spec, attn_len, greedy, composition)
+            params = self._sampling(rows) if composition != self.decode_graphs.composition else None
+            out = self.decode_graphs.step(slots.tolist(), last.tolist(), params, spec, attn_len, greedy, composition)
         else:
             result = decode_step(engine.target, engine.drafter if spec else None, self.tcache,
                                  self.dcache if spec else None, slots, last, self._sampling(rows), attn_len, greedy)
@@ -238,7 +275,7 @@ class Scheduler:
         if decode:
             req.decode_tokens += len(taken)
         if reason is None:
-            req.last = new_tokens[-1]
+            req.last_token = new_tokens[-1]
         text = req.detok.text + (req.detok.flush() if reason else "")
         if params.stop:
             cut = min((text.find(s) for s in params.stop if s in text), default=-1)
@@ -255,6 +292,7 @@ class Scheduler:
 
     @staticmethod
     def _final_stats(req: _Request) -> GenerationStats:
+        """Complete the request's stats (totals, acceptance length, throughput) and return them."""
         s = req.stats
         s.num_generated_tokens = len(req.generated)
         s.acceptance_length = req.decode_tokens / s.num_steps if s.num_steps else 0.0

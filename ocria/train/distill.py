@@ -8,10 +8,10 @@ end then has a label, the target's greedy token after the fed prefix; a block is
 tokens fed inside it are the target's own (the anchor, and the block's positions before a label), as they
 are at inference. Context before the anchor may hold a few fed tokens the target would not have chosen.
 With the shipped ocria-mini target, only the exact greedy prefix would give samples for 65% / 79% / 88% of
-the answer tokens after 0 / 1 / 3 passes, this rule for 96% / 96% / 93% (bench/drafter_labels.py):
+the answer tokens after 0 / 1 / 3 passes, this rule for 96% / 96% / 93%:
 as much data from one or two target forwards per step as from four.
 
-Training (MISSION.md section 3). Random anchors i in the answer; block ``[s_i, MASK x (Bs-1)]`` at
+Training. Random anchors i in the answer; block ``[s_i, MASK x (Bs-1)]`` at
 positions i..i+Bs-1 sees the context features of positions < i (KV injection) and its own block
 (bidirectional); mask slot j predicts the greedy token at i+j. Cross-entropy weighted by
 ``exp(-(j-1)/7)``. Many anchors per sequence share one forward through an attention mask. The

@@ -36,7 +36,7 @@ def split_pngs(split: str, n: int, start: int = 0) -> list[tuple[bytes, str]]:
 
 
 def heldout_pngs(n: int, start: int = 0) -> list[tuple[bytes, str]]:
-    """The classic generator's held-out pages (the "classic" split; bench/path_noise.py replays them)."""
+    """The classic generator's held-out pages (the "classic" split) as (PNG bytes, ground truth) pairs."""
     return split_pngs("classic", n, start)
 
 

@@ -24,7 +24,22 @@ def _(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block):
 
 def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor, attn_len: int,
                      scale: float, causal_block: bool = True, use_kernel: bool | None = None) -> Tensor:
-    """q [B, H, T, D] over cache slots [S, Hkv, L, D]; see ``reference.decode_attention_reference``."""
+    """Attention of T new queries per row over its cache slot; see ``reference.decode_attention_reference``.
+
+    Args:
+        q: [B, H, T, D] queries.
+        k_cache, v_cache: [S, Hkv, L, D] caches (H a multiple of Hkv).
+        slots: [B] long, each row's cache slot.
+        start: [B] long, the cache index of each row's first query.
+        attn_len: keys read per row at most (the first ``attn_len`` cache entries).
+        scale: the softmax scale.
+        causal_block: query t sees keys ``j <= start + t``; False: the whole block, ``j < start + T``.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [B, H, T, D] in q's dtype.
+    """
     if kernel_enabled(q.device, use_kernel, "decode_attention") and supports(q, k_cache):
         return torch.ops.ocria.decode_attention(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)
     return decode_attention_reference(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)

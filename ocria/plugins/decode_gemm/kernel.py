@@ -37,7 +37,7 @@ several sequences; elsewhere, as in prefill, cuBLAS is faster) run as 16-row til
 program: each weight tile it loads feeds one MMA of the 16-row shape per row tile, the instruction a 16-row call
 runs, so a row keeps its bits, and the weights are read once per four row tiles instead of once per tile. One
 wide MMA over 64 or 128 rows reads them less often still, and gave the same bits for every bf16 shape of
-ocria-1-sim on the H200, but not for an FP8 one (bench/invariance.py): not taken.
+ocria-1-sim on the H200, but not for an FP8 one: not taken.
 """
 
 import torch
@@ -225,8 +225,8 @@ def default_config(N: int, K: int) -> dict:
     A function of the weight's shape only (never of M): that is what keeps rows batch invariant.
     Narrow outputs (N <= 4096) have too few column tiles to keep HBM busy: with a long K they split it
     four ways, with a short one they take 16-column programs. Each branch is the fastest configuration
-    of bench/decode_gemm.py's sweep on the H200 for the ocria-1-sim weights of its class at every M
-    (its ``best_over_M``: gdn_out_proj and mlp_down, attn_o_proj, and the wide in-projections with the LM head)."""
+    of a sweep on the H200 (``python -m bench.ops.run --op decode_gemm``) for the ocria-1-sim weights of its class,
+    best over every M (gdn_out_proj and mlp_down, attn_o_proj, and the wide in-projections with the LM head)."""
     if N <= 4096 and K >= 4096:
         return {"block_n": 32, "block_k": 256, "num_warps": 4, "num_stages": 4, "swap": True, "split_k": 4}
     if N <= 4096:

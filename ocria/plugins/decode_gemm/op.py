@@ -31,10 +31,20 @@ def _(x: Tensor, weight: Tensor, bias: Tensor | None = None, out_fp32: bool = Fa
 
 def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, use_kernel: bool | None = None,
                 out_fp32: bool = False) -> Tensor:
-    """``F.linear(x, weight, bias)`` for x [..., K] bf16, weight [N, K] (with ``out_fp32`` the fp32 sums, not
-    rounded: logits); up to MAX_M rows (any number in ``batch_invariant_rows()``) in one launch whose rows are batch
-    invariant (see ``kernel``);
-    anything else through the reference."""
+    """``F.linear(x, weight, bias)`` in one launch whose rows are batch invariant (see ``kernel``), for up to MAX_M
+    rows (any number in ``batch_invariant_rows()``); anything else through the reference.
+
+    Args:
+        x: [..., K] bf16.
+        weight: [N, K] bf16.
+        bias: [N] or None.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+        out_fp32: return the fp32 sums, not rounded (logits).
+
+    Returns:
+        [..., N] in x's dtype, or float32 with ``out_fp32``.
+    """
     if _kernel_takes(x, weight) and kernel_enabled(x.device, use_kernel, "decode_gemm"):
         return torch.ops.ocria.decode_gemm(x, weight, bias, out_fp32)
     return decode_gemm_reference(x, weight, bias, out_fp32)
@@ -55,7 +65,20 @@ def decode_gemm_norm(x: Tensor, residual: Tensor | None, norm_weight: Tensor, ep
                      use_kernel: bool | None = None) -> tuple[Tensor, Tensor] | None:
     """``(zero-centred RMSNorm(s) @ weight.T, s)`` with ``s = x + residual`` in one launch, when the kernel
     takes the call (bf16, at most MAX_M rows, N and K multiples of 16; none of ``decode_gemm_norm``,
-    ``decode_gemm``, ``rms_norm`` set aside); None otherwise, and the caller runs its norm and its GEMM."""
+    ``decode_gemm``, ``rms_norm`` set aside); None otherwise, and the caller runs its norm and its GEMM.
+
+    Args:
+        x: [..., K] bf16.
+        residual: [..., K] bf16, or None (s = x).
+        norm_weight: [K] bf16, the zero-centred norm's weight (``norm(s) * (1 + norm_weight)``).
+        eps: the norm's epsilon.
+        weight: [N, K] bf16.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        (output [..., N] bf16, s [..., K] bf16), or None.
+    """
     fits = (_kernel_takes(x, weight) and x.numel() > 0 and norm_weight.dtype == torch.bfloat16
             and norm_weight.shape == (x.shape[-1],) and weight.shape[1] == x.shape[-1]
             and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype)))
@@ -79,10 +102,23 @@ def _(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor 
 
 def decode_gemm_fp8(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
                     use_kernel: bool | None = None, out_fp32: bool = False) -> Tensor | None:
-    """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in bf16 (``out_fp32``: the fp32 sums) in one
-    decode-GEMM launch, when the kernel takes the call (E4M3 q of at most MAX_M rows or a batch-invariant step, N
-    and K multiples of 16, CUDA, ``decode_gemm_fp8`` not in ``OCRIA_DISABLE_KERNELS``); None otherwise, and the
-    caller runs ``_scaled_mm``."""
+    """The FP8 layer's ``(q * x_scale) @ (weight * w_scale).T`` in one decode-GEMM launch, when the kernel takes
+    the call (E4M3 q of at most MAX_M rows or a batch-invariant step, N and K multiples of 16, CUDA,
+    ``decode_gemm_fp8`` not in ``OCRIA_DISABLE_KERNELS``); None otherwise, and the caller runs ``_scaled_mm``.
+
+    Args:
+        q: [..., K] float8_e4m3fn activations.
+        weight: [N, K] float8_e4m3fn.
+        x_scale: fp32, per tensor or per row ([..., 1]).
+        w_scale: fp32, per tensor or per output column.
+        bias: [N] or None.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+        out_fp32: return the fp32 sums (logits).
+
+    Returns:
+        [..., N] bf16 (float32 with ``out_fp32``), or None.
+    """
     if _kernel_takes(q, weight, torch.float8_e4m3fn) and kernel_enabled(q.device, use_kernel, "decode_gemm_fp8"):
         return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias, out_fp32)
     return None

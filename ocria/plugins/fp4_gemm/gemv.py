@@ -2,10 +2,10 @@
 
 Why not the tensor-core kernel: at M = 1 its 16-row MMA tile is 1/16 used and the dequantized weights must be
 laid out (and on wgmma staged in shared memory) for the MMA, which left it at 4.8x its bytes' floor on the H200,
-no faster than the bf16 GEMM it replaces (bench/quant_gemm.py). Here each thread keeps its
-weights where they were loaded: per 8 weights the PTX dequantization of ``dequant.DEQUANT_F32_ASM`` (exact
-products ``e2m1 * block_scale * 2^-26`` in bf16, widened to fp32 in the register) and 8 fp32 FMAs against x, summed
-across K once after the loop, times ``weight_scale_2 * 2^26`` and rounded once to bf16.
+no faster than the bf16 GEMM it replaces. Here each thread keeps its weights where they were loaded: per 8
+weights the PTX dequantization of ``dequant.DEQUANT_F32_ASM`` (exact products ``e2m1 * block_scale * 2^-26`` in
+bf16, widened to fp32 in the register) and 8 fp32 FMAs against x, summed across K once after the loop,
+times ``weight_scale_2 * 2^26`` and rounded once to bf16.
 
 Numerics: the same products as the tensor-core kernel and the reference (each exact in fp32), accumulated in fp32
 in another order, so a row's output can differ from the M = 16 kernel's by the fp32 sum's rounding (the decode
@@ -98,10 +98,10 @@ def _nvfp4_gemv_kernel(
 
 def default_gemv_config(N: int, K: int) -> dict:
     """Rows per program, K tile, warps and prefetch for a weight [N, K]: per class, the fastest (or within 3% of
-    it) of bench/quant_gemm.py's sweep on the H200. Rows of up to
-    2048 with 8192 outputs or more (gate_up, the GDN in-projection, the LM head): 16 rows in 512-wide tiles, no
-    prefetch (gate_up 8.6 us; 10.0 with prefetch). Fewer outputs (attention in- and out-projections): 8 rows in
-    1024-wide tiles, more programs for the SMs (attn_qkv 5.1 us; 6.2 in the 16-row tiles). Longer rows
+    it) of a sweep on the H200 (``python -m bench.ops.run --op fp4_gemm``). Rows of up to 2048 with 8192
+    outputs or more (gate_up, the GDN in-projection, the LM head): 16 rows in 512-wide tiles, no prefetch
+    (gate_up 8.6 us; 10.0 with prefetch). Fewer outputs (attention in- and out-projections): 8 rows in 1024-wide
+    tiles, more programs for the SMs (attn_qkv 5.1 us; 6.2 in the 16-row tiles). Longer rows
     (down_proj's 6144): 8 rows in 2048-wide tiles with prefetch (6.1 us; 6.4 without, 10.4 in 512-wide tiles)."""
     if K > 2048:
         return {"BLOCK_N": 8, "BLOCK_K": 2048 if K % 2048 == 0 else 1024, "num_warps": 8 if K % 2048 == 0 else 4,

@@ -17,8 +17,8 @@ NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that 
   register and applies the scale with one ``fma.rn.bf16x2`` (``v * s + -0``: the product, rounded once, so
   exact; bf16 arithmetic keeps subnormal inputs) per two weights. The scale is Triton's E4M3 -> fp32
   conversion (the hardware's, exact) times 2^100, rounded to bf16 (exact). On by default: on the H200 it took
-  M = 1 from 518 to 203 us for the LM head and from 57.5 to 12.0 us for mlp_down (bench/quant_gemm.py), with the
-  same error against the reference as the integer path (bench/plugins_check.py);
+  M = 1 from 518 to 203 us for the LM head and from 57.5 to 12.0 us for mlp_down, with the same error against
+  the reference as the integer path;
   OCRIA_DISABLE_KERNELS=nvfp4_ptx unpacks with integers instead.
 - Otherwise (GPUs before sm_89, ``nvfp4_ptx`` disabled, the CPU interpreter): the same values in fp32 from
   integer unpacking, cast to bf16 for the tensor cores, or kept in fp32 for a fp32 dot in the CPU interpreter
@@ -27,7 +27,7 @@ NaN, zero gives zero, subnormal scales keep their value, the sign is kept) that 
 ``SLICES`` (a config key, default 1) cuts K over that many programs per tile, reduced in the launch
 (``ocria.plugins.splitk``): at M = 1 the 12288-wide MLP projection has 192 programs of 4 warps for 132 SMs,
 too few warps to hide the dequantization's dependent instructions (5x its bytes' floor on the H200). Timed on the
-H200 (bench/quant_gemm.py) it never won: no default tile uses it.
+H200 it never won: no default tile uses it.
 """
 
 import torch
@@ -150,14 +150,15 @@ def _nvfp4_gemm_kernel(
 
 
 def default_config(M: int, N: int, num_sms: int = 132) -> dict:
-    """Tiles by M and N (bench/fp4_gemm_sass.py: the K loop's instructions per weight, registers, shared memory).
+    """Tiles by M and N, chosen on the K loop's instructions per weight, registers and shared memory, and timed
+    with ``python -m bench.ops.run --op fp4_gemm``.
     M <= 16, by output width: the 248k-row head in 128-row tiles (wgmma, 3 programs per SM); 8k..64k rows in
     32-row tiles with a 6-deep pipeline (fastest of 12 configurations at M = 1 and 16 for gate_up and GDN
-    in_proj on the H200, ahead of 64-row tiles and of K slices: bench/quant_gemm.py);
+    in_proj on the H200, ahead of 64-row tiles and of K slices);
     narrower outputs in 16-row tiles whose 4 warps each take a quarter of the 512-wide K tile (SPLIT_K,
     mma.sync), so that N / 16 programs still give an SM 4 warps.
     17..64 rows below 64k outputs, from the sweep of 12 configurations at M = 32 and 64
-    (bench/quant_gemm.py on the H200): outputs up to 4096 wide (down_proj, out projections) keep the
+    on the H200: outputs up to 4096 wide (down_proj, out projections) keep the
     16-row tiles over 512-wide K tiles, 4 deep (mlp_down at M = 64: 26.3 -> 18.3 us); wider ones take 32-row
     tiles split over the warps at M <= 32 and 64-row wgmma tiles at M <= 64 (gate_up at M = 64: 30.7 -> 25.0
     us). Each is the sweep's fastest or within 1.5% of it for the five projection shapes, but for gate_up at

@@ -23,7 +23,19 @@ def _(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor) -
 
 def nvfp4_gemm(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor,
                use_kernel: bool | None = None) -> Tensor:
-    """``x @ W^T`` for bf16 ``x`` [..., K] and NVFP4 ``weight`` [N, K/2] (see ``reference``)."""
+    """``x @ W^T`` with an NVFP4 weight (ModelOpt's layout; see ``reference``).
+
+    Args:
+        x: [..., K] bf16.
+        weight: [N, K/2] uint8, two E2M1 codes per byte.
+        weight_scale: [N, K/16] float8_e4m3fn block scales.
+        weight_scale_2: fp32 scalar, the global scale.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [..., N] in x's dtype.
+    """
     if not kernel_enabled(x.device, use_kernel, "nvfp4_gemm"):
         return nvfp4_gemm_reference(x, weight, weight_scale, weight_scale_2)
     return torch.ops.ocria.nvfp4_gemm(x, weight, weight_scale, weight_scale_2)

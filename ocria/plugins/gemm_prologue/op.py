@@ -30,8 +30,24 @@ def _(a: Tensor, b: Tensor, weight: Tensor, norm_weight: Tensor | None, eps: flo
 def prologue_gemm(kind: Prologue, a: Tensor, b: Tensor, weight: Tensor, norm_weight: Tensor | None = None,
                   eps: float = 0.0, x_mode: str = "bf16", x_scale: Tensor | None = None, w_scale: Tensor | None = None,
                   use_kernel: bool | None = None) -> Tensor | None:
-    """A decoder layer's output GEMM with the op before it in one launch (``reference.prologue_gemm_reference``:
-    a, b [B, T, H, D] -> [B, T, N] bf16), or None when the kernel does not take the call."""
+    """A decoder layer's output GEMM with the op before it in one launch (``reference.prologue_gemm_reference``),
+    or None when the kernel does not take the call.
+
+    Args:
+        kind: the op (``Prologue``: SiLU-multiply, sigmoid gate or gated norm).
+        a, b: [B, T, H, D] the op's inputs, one dtype.
+        weight: [N, H * D] bf16, or float8_e4m3fn with ``w_scale``.
+        norm_weight: [D] (``GATED_NORM`` only).
+        eps: the norm's epsilon (``GATED_NORM`` only).
+        x_mode: the GEMM input's format: ``bf16``, ``fp8_static`` (with ``x_scale``) or ``fp8_dynamic``.
+        x_scale: fp32 per-tensor scale of ``fp8_static``.
+        w_scale: fp32 scale of an FP8 weight, per tensor or per row.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [B, T, N] bf16, or None.
+    """
     rows = a.shape[0] * a.shape[1] if a.dim() == 4 else 0
     if rows > MAX_M and not batch_invariant():
         return None

@@ -21,7 +21,16 @@ def _(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos:
 
 def kv_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor,
              use_kernel: bool | None = None) -> None:
-    """k, v [B, T, Hkv, D] into caches [S, Hkv, L, D] at ``rows``/``pos`` [B, T]; see ``kv_write_reference``."""
+    """Write new keys and values into the caches, in place; see ``kv_write_reference``.
+
+    Args:
+        k_cache, v_cache: [S, Hkv, L, D] caches.
+        k, v: [B, T, Hkv, D].
+        rows: [B, T] long, each token's cache slot.
+        pos: [B, T] long, each token's sequence index.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+    """
     if kernel_enabled(k.device, use_kernel, "kv_write") and supports(k_cache, v_cache, k, v):
         torch.ops.ocria.kv_write(k_cache, v_cache, k, v, rows, pos)
     else:

@@ -19,12 +19,11 @@ the prep kernel's T x T work nor keep enough state loads in flight at moderate b
   ``mempty``); the consumers park the writes U, the log-decays and (consumer 0) the normalised keys for the next
   step. Its global loads go out a group ahead (keys and queries by cp.async into a second staging buffer): a
   per-partition clock timeline showed the consumers waiting 1-6 µs per group for the prep, whose loads went out
-  inside the group, one after another (bench/replay_ssm_timeline.py). The state loaders
-  start when the prep's first keys and queries have landed (mbarrier ``prep_loaded``), so those are not queued
-  behind the state stream.
+  inside the group, one after another. The state loaders start when the prep's first keys and queries have
+  landed (mbarrier ``prep_loaded``), so those are not queued behind the state stream.
 
 The consumers wait for the prep only after their chunk loop, so the fold and the state traffic overlap it. Each
-choice here was timed on the H200 against its alternative in the same call (bench/replay_ssm_ab.py): the kernel
+choice here was timed on the H200 against its alternative in the same process: the kernel
 against the prep and block kernels; the prep's loads a group ahead; the parking in the consumers rather than the
 prep; the inverse on the tensor cores and the gated state loaders; the consumers' keys and queries by cp.async a
 tile ahead, with their inputs' weights before the next tile's loads; and, with ``OCRIA_PDL=1`` (launch.py), the

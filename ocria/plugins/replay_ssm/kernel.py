@@ -66,7 +66,7 @@ from ocria.plugins.switch import batch_invariant, disabled_kernels
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
 # products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (checked on the
-# H200 against float64 by bench/replay_ssm.py), under bf16's own rounding, at a third of the registers.
+# H200 against float64), under bf16's own rounding, at a third of the registers.
 DOT_PRECISION = {torch.float32: "tf32x3", torch.bfloat16: "tf32", torch.float16: "tf32"}
 # At T = 1 the new token's loads can go out before the fold, off the critical path, but its values are
 # then held across the fold: free in registers for 16-column tiles, 170 -> 208 registers (one program

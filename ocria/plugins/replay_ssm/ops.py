@@ -52,7 +52,24 @@ def replay_verify(
     state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor, use_kernel: bool | None = None,
 ) -> Tensor:  # fmt: skip
-    """Fold pending tokens, verify T new ones, park them; same contract as ``replay_verify_ref``."""
+    """Fold pending tokens, verify T new ones, park them; same contract as ``replay_verify_ref``.
+
+    Args:
+        q, k: [B, T, Hk, Dk] conv + SiLU outputs, not yet normalised.
+        v: [B, T, Hv, Dv].
+        a, b: [B, T, Hv] the raw ``in_proj_a`` / ``in_proj_b`` outputs (gates from them, ``A_log`` and ``dt_bias``).
+        A_log, dt_bias: [Hv].
+        state: [S, Hv, Dk, Dv] fp32 checkpoints (mutated: the pending tokens folded in).
+        ring_k, ring_u, ring_g: [S, 2, Tmax, Hk, Dk] / [S, 2, Tmax, Hv, Dv] / [S, 2, Tmax, Hv] fp32 (the half
+            ``1 - ring_phase`` gets the T new tokens).
+        ring_phase, pending_len: [S] int32 cursors (read; the caller moves them).
+        slot_ids: [B] long, each row's slot.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        o [B, T, Hv, Dv] in v's dtype.
+    """
     args = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids)
     if kernel_enabled(q.device, use_kernel, "replay_ssm"):
         return torch.ops.ocria.replay_verify(*args)
@@ -62,7 +79,20 @@ def replay_verify(
 def causal_conv_verify(
     x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, use_kernel: bool | None = None
 ) -> Tensor:
-    """Conv window rollback + depthwise causal conv + SiLU; same contract as ``causal_conv_verify_ref``."""
+    """Conv window rollback + depthwise causal conv + SiLU; same contract as ``causal_conv_verify_ref``.
+
+    Args:
+        x: [B, T, C] raw conv inputs of the T new tokens.
+        weight: [C, K] depthwise kernel.
+        conv_buf: [S, K-1+Tmax, C] (mutated: ``[:, :K-1+T]`` becomes the committed window, then the T inputs).
+        pending_len: [S] int32, the tokens of the last step each slot kept.
+        slot_ids: [B] long, each row's slot.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        y [B, T, C] in x's dtype.
+    """
     if kernel_enabled(x.device, use_kernel, "replay_ssm"):
         return torch.ops.ocria.causal_conv_verify(x, weight, conv_buf, pending_len, slot_ids)
     return causal_conv_verify_ref(x, weight, conv_buf, pending_len, slot_ids)

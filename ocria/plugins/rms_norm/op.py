@@ -133,7 +133,19 @@ def _use_kernel(x: Tensor, params: tuple[Tensor, ...], use_kernel: bool | None) 
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, use_kernel: bool | None = None) -> Tensor:
-    """``rms_norm(x) * (offset + weight)`` in fp32, in x's dtype; see ``reference.rms_norm_reference``."""
+    """``rms_norm(x) * (offset + weight)`` in fp32, in x's dtype; see ``reference.rms_norm_reference``.
+
+    Args:
+        x: [..., D].
+        weight: [D].
+        eps: the norm's epsilon.
+        offset: 1 for Qwen3.5's zero-centred norm, 0 for a plain weight.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [..., D] in x's dtype.
+    """
     if _use_kernel(x, (weight,), use_kernel):
         return torch.ops.ocria.rms_norm(x, weight, eps, offset)
     return rms_norm_reference(x, weight, eps, offset)
@@ -142,7 +154,20 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, use_ker
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float = 0.0,
                  use_kernel: bool | None = None) -> tuple[Tensor, Tensor]:
     """``(x + residual, rms_norm(x + residual))`` in one launch: the decoder's residual add fused into the
-    next norm; see ``reference.add_rms_norm_reference``."""
+    next norm; see ``reference.add_rms_norm_reference``.
+
+    Args:
+        x: [..., D].
+        weight: [D].
+        eps: the norm's epsilon.
+        residual: [..., D]; the kernel needs x's dtype (mixed dtypes run the reference).
+        offset: as in ``rms_norm``.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        (s, norm(s)) with ``s = x + residual``, each [..., D].
+    """
     if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), use_kernel):  # mixed: autocast's promotion
         return torch.ops.ocria.add_rms_norm(x, residual, weight, eps, offset)
     return add_rms_norm_reference(x, residual, weight, eps, offset)
@@ -150,7 +175,18 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset
 
 def plain_rms_norm(x: Tensor, weight: Tensor, eps: float, use_kernel: bool | None = None) -> Tensor:
     """Qwen3's plain norm ``w * norm(x).to(x dtype)`` (the DFlash drafter's); see
-    ``reference.plain_rms_norm_reference``. A product of another dtype than x's (fp32 w on bf16 x): the reference."""
+    ``reference.plain_rms_norm_reference``. A product of another dtype than x's (fp32 w on bf16 x): the reference.
+
+    Args:
+        x: [..., D].
+        weight: [D].
+        eps: the norm's epsilon.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [..., D] in the promoted dtype of x and weight.
+    """
     if torch.promote_types(weight.dtype, x.dtype) == x.dtype and _use_kernel(x, (weight,), use_kernel):
         return torch.ops.ocria.plain_rms_norm(x, weight, eps)
     return plain_rms_norm_reference(x, weight, eps)
@@ -159,7 +195,19 @@ def plain_rms_norm(x: Tensor, weight: Tensor, eps: float, use_kernel: bool | Non
 def add_plain_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
                        use_kernel: bool | None = None) -> tuple[Tensor, Tensor]:
     """``(x + residual, plain_rms_norm(x + residual))`` in one launch (the drafter's residual add fused into its
-    next norm); see ``reference.add_plain_rms_norm_reference``."""
+    next norm); see ``reference.add_plain_rms_norm_reference``.
+
+    Args:
+        x: [..., D].
+        weight: [D].
+        eps: the norm's epsilon.
+        residual: [..., D].
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        (s, plain_rms_norm(s)) with ``s = x + residual``, each [..., D].
+    """
     if (x.dtype == residual.dtype and torch.promote_types(weight.dtype, x.dtype) == x.dtype
             and _use_kernel(x, (residual, weight), use_kernel)):
         return torch.ops.ocria.add_plain_rms_norm(x, residual, weight, eps)
@@ -170,7 +218,21 @@ def rms_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: floa
                   plain: bool = False, use_kernel: bool | None = None) -> Tensor:
     """An attention's q/k norm and its rotary embedding in one launch (eagerly ~10 kernels): x [..., H, D],
     cos, sin [..., R]; the norm is the plain chain (``plain``) or ``norm(x) * (offset + w)``. See
-    ``reference.rms_norm_rope_reference``. Mixed dtypes (cos/sin or the plain product not in x's): the reference."""
+    ``reference.rms_norm_rope_reference``. Mixed dtypes (cos/sin or the plain product not in x's): the reference.
+
+    Args:
+        x: [..., H, D] queries or keys.
+        weight: [D].
+        cos, sin: [..., R] (R <= D: the first R channels rotate, the rest pass through), shared by the H heads.
+        eps: the norm's epsilon.
+        offset: as in ``rms_norm`` (ignored with ``plain``).
+        plain: Qwen3's plain norm chain (the drafter's).
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [..., H, D] in the norm's output dtype (x's wherever the kernel runs).
+    """
     same = cos.dtype == x.dtype and sin.dtype == x.dtype
     if (same and (not plain or torch.promote_types(weight.dtype, x.dtype) == x.dtype)
             and _use_kernel(x, (weight, cos, sin), use_kernel)):
@@ -179,7 +241,19 @@ def rms_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: floa
 
 
 def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel: bool | None = None) -> Tensor:
-    """GDN output norm ``weight * norm(x) * silu(z)``; see ``reference.gated_rms_norm_reference``."""
+    """GDN output norm ``weight * norm(x) * silu(z)``; see ``reference.gated_rms_norm_reference``.
+
+    Args:
+        x: [..., H, D] the recurrence's output per value head.
+        z: [..., H, D] the gate.
+        weight: [D].
+        eps: the norm's epsilon.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [..., H, D] in x's dtype.
+    """
     if _use_kernel(x, (z, weight), use_kernel):
         return torch.ops.ocria.gated_rms_norm(x, z, weight, eps)
     return gated_rms_norm_reference(x, z, weight, eps)
@@ -188,7 +262,11 @@ def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, use_kernel:
 def fp8_reference(y: Tensor, mode: str, scale: Tensor | None,
                   gated: bool = False) -> tuple[Tensor, Tensor | None]:
     """ModelOpt's FP8 quantization of a norm's output as the next linear layer's input: per tensor (``fp8_static``,
-    with ``scale``) or per token (``fp8_dynamic``); the gated norm's y [..., H, D] is flattened to [..., H * D]."""
+    with ``scale``) or per token (``fp8_dynamic``); the gated norm's y [..., H, D] is flattened to [..., H * D].
+
+    Returns:
+        (q float8_e4m3fn [..., K], per-token fp32 scales [..., 1] for ``fp8_dynamic`` else None).
+    """
     rows = y.reshape(*y.shape[:-2], -1) if gated else y
     if mode == "fp8_static":
         return nx.quantize_fp8(rows, scale), None
@@ -201,7 +279,20 @@ def add_rms_norm_fp8(x: Tensor, residual: Tensor, weight: Tensor, eps: float, of
                      scale: Tensor | None = None,
                      use_kernel: bool | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(s, y, q, token_scales)``: ``add_rms_norm``'s (s, y) and ``fp8_reference(y, mode, scale)`` from one launch
-    (the decoder's input norm feeding FP8 projections: no separate activation quantization)."""
+    (the decoder's input norm feeding FP8 projections: no separate activation quantization).
+
+    Args:
+        x, residual: [..., D].
+        weight: [D].
+        eps, offset: as in ``rms_norm``.
+        mode: ``fp8_static`` (with ``scale``) or ``fp8_dynamic``.
+        scale: fp32 per-tensor scale of ``fp8_static``.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        (s [..., D], y [..., D], q float8_e4m3fn [..., D], per-token scales fp32 [..., 1] or None).
+    """
     if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), use_kernel):
         s, y, q, tokens = torch.ops.ocria.add_rms_norm_fp8(x, residual, weight, eps, offset, mode, scale)
         return s, y, q, tokens if mode == "fp8_dynamic" else None
@@ -212,8 +303,21 @@ def add_rms_norm_fp8(x: Tensor, residual: Tensor, weight: Tensor, eps: float, of
 def gated_rms_norm_fp8(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None = None,
                        use_kernel: bool | None = None) -> tuple[Tensor, Tensor | None]:
     """``fp8_reference(gated_rms_norm(x, z), mode, scale, gated=True)`` for x [..., H, D] from one launch (the GDN
-    output norm feeding an FP8 ``out_proj``): (q [..., H * D], token scales [..., 1] or None). The kernel takes a
-    power-of-two H whose rows fit one tile; others run the reference."""
+    output norm feeding an FP8 ``out_proj``). The kernel takes a power-of-two H whose rows fit one tile; others
+    run the reference.
+
+    Args:
+        x, z: [..., H, D].
+        weight: [D].
+        eps: the norm's epsilon.
+        mode: ``fp8_static`` (with ``scale``) or ``fp8_dynamic``.
+        scale: fp32 per-tensor scale of ``fp8_static``.
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        (q float8_e4m3fn [..., H * D], per-token scales fp32 [..., 1] or None).
+    """
     heads = x.shape[-2]
     if (heads & (heads - 1) == 0 and heads * triton.next_power_of_2(x.shape[-1]) <= MAX_WIDTH
             and _use_kernel(x, (z, weight), use_kernel)):

@@ -20,7 +20,17 @@ def _(o: Tensor, gate: Tensor) -> Tensor:
 
 
 def sigmoid_gate(o: Tensor, gate: Tensor, use_kernel: bool | None = None) -> Tensor:
-    """``o * sigmoid(gate)`` flattened over heads; see ``reference.sigmoid_gate_reference``."""
+    """``o * sigmoid(gate)`` flattened over heads; see ``reference.sigmoid_gate_reference``.
+
+    Args:
+        o: [..., H, D].
+        gate: [..., H, D] (may be a strided view).
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        [..., H * D] in o's dtype.
+    """
     if kernel_enabled(o.device, use_kernel, "sigmoid_gate") and supports(o, gate):
         return torch.ops.ocria.sigmoid_gate(o, gate)
     return sigmoid_gate_reference(o, gate)

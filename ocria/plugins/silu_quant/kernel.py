@@ -8,9 +8,9 @@ On the GPU the quantized modes are compute-bound (instruction issue, and the qua
 ``rcp`` and converts), so each step takes the cheapest instructions that still give PyTorch's bytes:
 - the bf16 silu (``fast_silu``): ``ex2.approx`` and ``rcp.approx`` instead of ``expf`` and an IEEE division, both
   elements of a pair rounded by one ``cvt.rn.bf16x2.f32`` and multiplied by ``mul.rn.bf16x2`` (``_SILU_MUL_BF16X2``).
-  Not IEEE, but with 65536 bf16 inputs the check is complete: bench/silu_quant.py gets PyTorch's bf16 for every
-  gate value and every up value on the H200 (it times the IEEE silu if not). 47 -> 17 SASS instructions per element
-  in bf16 mode (bench/silu_quant_sass.py). fp16 and fp32 inputs, for which no such check is complete,
+  Not IEEE, but with 65536 bf16 inputs the check is complete: it gives PyTorch's bf16 for every gate value and
+  every up value on the H200 (``python -m bench.ops.run --op silu_quant`` times the IEEE silu if not). 47 -> 17
+  SASS instructions per element in bf16 mode. fp16 and fp32 inputs, for which no such check is complete,
   take libdevice's ``expf`` (PyTorch's) and an IEEE division whatever ``fast_silu`` says: an approximate exp there
   missed PyTorch's bytes on the H200;
 - quotients by a scale (NVFP4 block scales; FP8 scales in [2^-64, 2^119]): a multiply by the correctly rounded
@@ -109,7 +109,7 @@ def _e2m1_word(even, odd, denom, inv, ON_GPU: tl.constexpr, NONZERO: tl.constexp
 # g near -88, a normal number), both rounded to bf16 by one ``cvt.rn.bf16x2.f32``, then times up by ``mul.rn.bf16x2``:
 # its one rounding of the exact product of two bf16 values is the fp32 product's rounding to bf16. Not an IEEE
 # quotient, but the bf16 it rounds to is PyTorch's for every one of the 65536 bf16 gate values (and the product
-# PyTorch's for every bf16 up value), checked on the H200 by bench/silu_quant.py: with 65536 inputs that is complete.
+# PyTorch's for every bf16 up value), checked on the H200: with 65536 inputs that is complete.
 _SILU_BF16X2_BODY = """
 .reg .f32 g0, g1, e0, e1, r0, r1;
 .reg .b32 sp;
@@ -602,7 +602,7 @@ def _compiled(kernel, device: torch.device):
 # NVFP4 tiles: at most 128 blocks (4 warps), and at least 256 tiles where the tokens allow; programs walking them
 # keep NVFP4_WARPS_PER_SM warps on each SM. ptxas builds the tile loop in 64 registers if left alone and then issues
 # the next tile's loads at its end; capped at NVFP4_MAX_REGISTERS it takes 80 (24 warps per SM) and issues them
-# about 80 instructions in (bench/silu_quant_sass.py), which is what makes the loop's memory time overlap its
+# about 80 instructions in (read off the SASS), which is what makes the loop's memory time overlap its
 # arithmetic (timed on the H200 against the uncapped build)
 NVFP4_MAX_BLOCKS = 128
 NVFP4_MIN_TILES = 256
@@ -616,7 +616,7 @@ CAPPED_FROM_ROWS = 1024
 
 
 def default_config(mode: str, M: int, N: int) -> dict:
-    """Rows x columns per program and warps, from bench/silu_quant.py's sweep at 4096 x 12288 on the H200
+    """Rows x columns per program and warps, from a sweep at 4096 x 12288 on the H200
     (bf16 73.7 us and FP8 static 61.8, the best there), with the approximate bf16 silu, exact for every bf16 gate and
     up value in that run.
 

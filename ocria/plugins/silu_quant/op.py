@@ -66,8 +66,17 @@ def silu_mul_quant(
 ) -> tuple[Tensor, Tensor | None]:
     """Fused ``silu(gate) * up`` -> quantized ``down_proj`` input; see ``reference`` for the contract.
 
-    Returns ``(out, scales)``: ``scales`` is None for ``bf16`` / ``fp8_static``, fp32 [..., 1] for
-    ``fp8_dynamic``, float8_e4m3fn [..., N/16] for ``nvfp4``.
+    Args:
+        gate_up: [..., 2N], gate then up.
+        mode: ``bf16``, ``fp8_static``, ``fp8_dynamic`` or ``nvfp4``.
+        scale: the calibrated fp32 scale (``fp8_static``: per tensor; ``nvfp4``: the global scale).
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        ``(out, scales)``: out [..., N] in gate_up's dtype (``bf16``), float8_e4m3fn [..., N] (FP8 modes) or uint8
+        [..., N/2] (``nvfp4``: two E2M1 codes per byte); ``scales`` is None for ``bf16`` / ``fp8_static``, fp32
+        [..., 1] for ``fp8_dynamic``, float8_e4m3fn [..., N/16] for ``nvfp4``.
     """
     if not kernel_enabled(gate_up.device, use_kernel, "silu_quant"):
         return silu_mul_quant_reference(gate_up, mode, scale)
@@ -78,7 +87,18 @@ def silu_mul_quant(
 def quantize_act(
     x: Tensor, mode: str, scale: Tensor | None = None, use_kernel: bool | None = None
 ) -> tuple[Tensor, Tensor | None]:
-    """Quantize a linear layer's input (modes ``fp8_static``, ``fp8_dynamic``, ``nvfp4``)."""
+    """Quantize a linear layer's input; see ``reference.quantize_act_reference``.
+
+    Args:
+        x: [..., N].
+        mode: ``fp8_static``, ``fp8_dynamic`` or ``nvfp4``.
+        scale: the calibrated fp32 scale (``fp8_static``: per tensor; ``nvfp4``: the global scale).
+        use_kernel: None picks by ``kernel_enabled`` (the kernel on CUDA unless switched off); True / False force
+            the kernel / the reference.
+
+    Returns:
+        ``(out, scales)`` as in ``silu_mul_quant``, with N the width of x.
+    """
     if not kernel_enabled(x.device, use_kernel, "silu_quant"):
         return quantize_act_reference(x, mode, scale)
     out, scales = torch.ops.ocria.quantize_act(x, mode, scale)
