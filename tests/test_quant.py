@@ -18,7 +18,7 @@ from ocria.cli import build_main
 from ocria.data.metrics import cer, edit_distance
 from ocria.errors import OcriaError
 from ocria.models import OCRiaForConditionalGeneration
-from ocria.quant.export import layer_formats, read_quant_config
+from ocria.models.quantized.formats import layer_formats, read_quant_config
 from ocria.quant.recipe import PROTECTED, RECIPE_DIR, load_recipe
 from ocria.runtime import SamplingParams, load_engine
 
@@ -129,9 +129,9 @@ def test_dequantization_equals_modelopt_fake_quant(tmp_path, small_sizes):
     import modelopt.torch.quantization as mtq
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
+    from ocria.models.quantized.load import load_quantized_target
     from ocria.quant.calibrate import calibration_set, forward_loop
     from ocria.quant.export import export_target
-    from ocria.quant.load import load_quantized_target
     from ocria.quant.modelopt_cfg import quant_cfg
     from ocria.runtime.processor import Processor
 
@@ -317,9 +317,9 @@ def test_executor_matches_modelopt_fake_quant_model(tmp_path, algorithm):
     MSE (max, then each weight's amax searched for the least weight quantization error)."""
     import modelopt.torch.quantization as mtq
 
+    from ocria.models.quantized.load import PreScaledLinear, load_quantized_target
     from ocria.quant.calibrate import calibration_set, forward_loop, run_document
     from ocria.quant.export import export_target
-    from ocria.quant.load import PreScaledLinear, load_quantized_target
     from ocria.quant.modelopt_cfg import quant_cfg
     from ocria.runtime.processor import Processor
 
@@ -418,9 +418,9 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
     from ocria.manifest import MANIFEST, file_table
     from ocria.models.gdn import PROJECTIONS
     from ocria.models.layers import project
+    from ocria.models.quantized.linear import QuantLinear
+    from ocria.models.quantized.load import PreScaledLinear, QuantSwiGLU
     from ocria.plugins.silu_quant import silu_mul
-    from ocria.quant.linear import QuantLinear
-    from ocria.quant.load import PreScaledLinear, QuantSwiGLU
 
     root = tmp_path / "mixed-awq"
     shutil.copytree(engines["mixed"], root)
@@ -497,7 +497,7 @@ def test_search_with_nvfp4_on_cpu_falls_back_to_max(tmp_path, algorithm):
 
 def test_plugin_switch_reaches_quantized_mlps(engines):
     engine = load_engine(engines["mixed"], use_plugins=False)
-    from ocria.quant.load import QuantSwiGLU
+    from ocria.models.quantized.load import QuantSwiGLU
 
     mlps = [m for m in engine.target.modules() if isinstance(m, QuantSwiGLU)]
     assert mlps and all(m.use_kernel is False and m.gate_up.use_kernel is False for m in mlps)
@@ -508,10 +508,10 @@ def test_calibration_free_quantization_follows_the_recipe():
     weights are the reference quantizers' output, MLP gate/up fuse under one NVFP4 global scale, and
     the quantized model's logits follow the unquantized model's."""
     from ocria.builder.presets import random_models
+    from ocria.models.quantized.linear import QuantLinear
+    from ocria.models.quantized.load import QuantSwiGLU
     from ocria.plugins import numerics as nx
     from ocria.quant.direct import quantize_in_place
-    from ocria.quant.linear import QuantLinear
-    from ocria.quant.load import QuantSwiGLU
 
     spec = load_preset("ocria-mini")
     model, _ = random_models(spec, "cpu", torch.float32)
@@ -552,7 +552,7 @@ def test_projections_sharing_an_input_run_as_one_gemm_per_format(engines):
     from ocria.models.attention import PROJECTIONS as ATTENTION
     from ocria.models.gdn import PROJECTIONS as GDN
     from ocria.models.layers import project
-    from ocria.quant.linear import QuantLinear
+    from ocria.models.quantized.linear import QuantLinear
 
     engine = load_engine(engines["mixed"], use_plugins=False)
     layers = engine.target.text.layers
@@ -585,7 +585,7 @@ def test_norms_write_the_fp8_inputs_of_the_fp8_layers_after_them(engines, monkey
     """In the mixed engine the decoder's input norm and the GDN output norm also write the FP8 input (bytes and
     per-token scales) of the FP8 projections after them, instead of those layers quantizing it again: the hidden
     states equal those of the path where each FP8 layer quantizes its own input."""
-    from ocria.quant.linear import QuantLinear
+    from ocria.models.quantized.linear import QuantLinear
 
     engine = load_engine(engines["mixed"], use_plugins=use_plugins)
     text = engine.target.text

@@ -13,10 +13,10 @@ from tiny_models import drafter_config, hf_vlm, image_prompt, pixels, save_hf, t
 import ocria.quant.build as qbuild
 from ocria.builder.engine import build_engine
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
+from ocria.models.quantized.linear import QuantLinear
 from ocria.plugins import numerics as nx
 from ocria.quant.direct import quantize_in_place
 from ocria.quant.head import head_weight_tensors
-from ocria.quant.linear import QuantLinear
 from ocria.quant.modelopt_cfg import quant_cfg
 from ocria.quant.recipe import HeadQuant, HeadScale, RecipeError, _parse, load_recipe
 from ocria.runtime import SamplingParams, load_engine

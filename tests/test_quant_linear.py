@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from ocria.errors import CheckpointError, OcriaError
+from ocria.models.quantized.linear import QuantLinear, detect_format, mlp_forward
 from ocria.plugins import numerics as nx
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
 from ocria.plugins.fp4_gemm.kernel import default_config, nvfp4_gemm_triton
 from ocria.plugins.silu_quant import silu_mul
 from ocria.plugins.switch import batch_invariant_rows
-from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
 
 
 def _nvfp4_weight(n: int, k: int, seed: int = 0):

@@ -78,10 +78,10 @@ def executors(fmt: str, weight, use_kernel: bool | None):
     stored in ``fmt``, and the function that prepares its input (FP8: the quantized bytes and per-token scales)."""
     import torch
 
+    from ocria.models.quantized.linear import QuantLinear
     from ocria.plugins import numerics as nx
     from ocria.plugins.decode_gemm import decode_gemm
     from ocria.quant.direct import quantize_weight
-    from ocria.quant.linear import QuantLinear
 
     if fmt == "bf16":
         return (lambda x: decode_gemm(x, weight, use_kernel=use_kernel)), (lambda x: x)

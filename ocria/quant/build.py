@@ -21,13 +21,14 @@ import torch
 from tqdm import tqdm
 
 from ocria.models import OCRiaForConditionalGeneration
+from ocria.models.quantized.formats import FORMAT_BITS
+from ocria.models.quantized.load import load_quantized_target, quantized_layers
 from ocria.quant.accuracy import accuracy_report, format_report, head_report, teacher_pass
 from ocria.quant.calibrate import Sample, calibration_set, check_calib_spec, forward_loop, heldout_set
 from ocria.quant.costs import DEFAULT_ARCH, CostTable, Gemm, decode_gemms, gemm_of
 from ocria.quant.export import export_target, storage_tensors
 from ocria.quant.head import untie_head
-from ocria.quant.load import load_quantized_target, quantized_layers
-from ocria.quant.recipe import FORMAT_BITS, HEAD, Recipe
+from ocria.quant.recipe import HEAD, Recipe
 from ocria.runtime.processor import Processor
 
 CALIB_DECODE_STEPS = 8

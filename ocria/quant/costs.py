@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ocria.errors import OcriaError
 from ocria.models.config import LINEAR, TextConfig
-from ocria.quant.recipe import FORMAT_BITS, FORMATS
+from ocria.models.quantized.formats import FORMAT_BITS, FORMATS
 
 TABLE_FORMAT = "ocria-format-costs/1"
 DEFAULT_ROWS = (1, 2, 4, 8, 16, 32, 64)

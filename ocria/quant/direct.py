@@ -16,10 +16,10 @@ import torch
 from torch import Tensor, nn
 
 from ocria.models import OCRiaForConditionalGeneration
+from ocria.models.quantized.linear import QuantLinear
+from ocria.models.quantized.load import install_linears
 from ocria.plugins import numerics as nx
 from ocria.quant.head import head_weight_tensors, untie_head
-from ocria.quant.linear import QuantLinear
-from ocria.quant.load import install_linears
 from ocria.quant.recipe import HEAD, Recipe
 
 

@@ -23,7 +23,6 @@ from ocria.models import OCRiaForConditionalGeneration
 from ocria.models.layers import ZeroCenteredRMSNorm
 
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale")
-QUANT_CONFIG = "hf_quant_config.json"
 
 
 def storage_tensors(state_dict: dict[str, Tensor], tied_head: bool) -> dict[str, Tensor]:
@@ -80,29 +79,3 @@ def export_target(target: OCRiaForConditionalGeneration, directory: Path) -> Pat
     dtype = next(p.dtype for p in target.parameters() if p.is_floating_point())
     export_hf_checkpoint(ExportView(target), dtype=dtype, export_dir=directory)
     return directory
-
-
-def read_quant_config(directory: Path) -> dict:
-    """``hf_quant_config.json``'s ``quantization`` section ({} for a plain checkpoint)."""
-    path = Path(directory) / QUANT_CONFIG
-    return json.loads(path.read_text()).get("quantization", {}) if path.is_file() else {}
-
-
-# ModelOpt names NVFP4 calibrated with AWQ ``NVFP4_AWQ``: the same tensors plus a per-channel ``pre_quant_scale``;
-# FP8 with per-channel weight scales and per-token activation scales (a recipe's per-channel LM head)
-# ``FP8_PER_CHANNEL_PER_TOKEN``: E4M3 weights with a [N] ``weight_scale`` and no ``input_scale``
-STORED_AS = {"nvfp4_awq": "nvfp4", "fp8_per_channel_per_token": "fp8"}
-
-
-def stored_format(quant_algo: str) -> str:
-    """The tensor format (``fp8`` / ``nvfp4``) of a ModelOpt ``quant_algo`` name."""
-    algo = quant_algo.lower()
-    return STORED_AS.get(algo, algo)
-
-
-def layer_formats(quant: dict) -> dict[str, str]:
-    """Quantized layer name -> ``fp8`` / ``nvfp4`` from an hf_quant_config ``quantization`` section."""
-    algo = quant.get("quant_algo")
-    if algo == "MIXED_PRECISION":
-        return {name: stored_format(entry["quant_algo"]) for name, entry in quant.get("quantized_layers", {}).items()}
-    return {}

@@ -42,12 +42,10 @@ import yaml
 from torch import nn
 
 from ocria.errors import OcriaError
+from ocria.models.quantized.formats import FORMAT_BITS, FORMATS, Format
 
-FORMATS = ("bf16", "fp8", "nvfp4")
 ALGORITHMS = ("max", "awq_lite", "mse")
 SCORES = ("kl_div",)
-# weight bits per element, block scales included (NVFP4: 4 + 8/16)
-FORMAT_BITS = {"bf16": 16.0, "fp8": 8.0, "nvfp4": 4.5}
 VISION = "model.visual.*"
 # Always BF16, on top of the recipe's rules (matched against module names).
 PROTECTED = ("*embed_tokens", "lm_head", "*.linear_attn.in_proj_a", "*.linear_attn.in_proj_b",
@@ -63,8 +61,8 @@ class RecipeError(OcriaError):
 
 @dataclass(frozen=True)
 class Rule:
-    match: str
-    format: str
+    match: str  # fnmatch glob over module names
+    format: Format
 
 
 class HeadScale(str, Enum):
@@ -186,7 +184,7 @@ def _parse(raw: object, source: str, allow_vision_quant: bool) -> Recipe:
         if fmt not in FORMATS:
             raise RecipeError(f"{source}: rule {i} ({entry['match']!r}) has unknown format {entry['format']!r}; "
                               f"choose one of {', '.join(FORMATS)}")
-        rules.append(Rule(str(entry["match"]), fmt))
+        rules.append(Rule(str(entry["match"]), Format(fmt)))
     algorithm = str(raw.get("algorithm", "max"))
     if algorithm not in ALGORITHMS:
         raise RecipeError(f"{source}: unknown calibration algorithm {algorithm!r}; "
@@ -196,8 +194,8 @@ def _parse(raw: object, source: str, allow_vision_quant: bool) -> Recipe:
         a = raw["auto"]
         if not isinstance(a, dict) or "effective_bits" not in a:
             raise RecipeError(f"{source}: 'auto' needs effective_bits (and optionally formats, score)")
-        formats = tuple(str(f).lower() for f in a.get("formats", ("nvfp4", "fp8")))
-        bad = [f for f in formats if f not in FORMATS or f == "bf16"]
+        formats = tuple(str(f).lower() for f in a.get("formats", (Format.NVFP4, Format.FP8)))
+        bad = [f for f in formats if f not in FORMATS or f == Format.BF16]
         if bad or not formats:
             raise RecipeError(f"{source}: auto formats {list(a.get('formats', []))} "
                               "must be a non-empty list of fp8/nvfp4")

@@ -79,7 +79,7 @@ def load_target(directory: Path, dtype: torch.dtype, device: str) -> OCRiaForCon
         The target model on ``device``.
     """
     if (directory / "hf_quant_config.json").is_file():
-        from ocria.quant.load import load_quantized_target
+        from ocria.models.quantized.load import load_quantized_target
 
         return load_quantized_target(directory, dtype=dtype, device=device)
     return OCRiaForConditionalGeneration.from_pretrained(directory, dtype=dtype, device=device)

@@ -92,7 +92,7 @@ def _preset_models(cfg: BenchConfig, dtype: torch.dtype, plain: bool) -> Models:
 
 
 def _quantized_layers(target) -> dict[str, int]:
-    from ocria.quant.linear import QuantLinear
+    from ocria.models.quantized.linear import QuantLinear
 
     formats = [m.fmt for m in target.modules() if isinstance(m, QuantLinear)]
     return {f: formats.count(f) for f in sorted(set(formats))}

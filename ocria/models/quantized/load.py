@@ -1,5 +1,5 @@
 """Load a ModelOpt unified HF checkpoint of the target with its quantized linears executing the
-exported tensors (``ocria.quant.linear.QuantLinear``: FP8 ``_scaled_mm`` / NVFP4 Triton GEMM on
+exported tensors (``ocria.models.quantized.linear.QuantLinear``: FP8 ``_scaled_mm`` / NVFP4 Triton GEMM on
 CUDA, dequantized weights on CPU).
 
 A linear layer is quantized exactly when its ``weight`` tensor is float8_e4m3fn (FP8) or uint8
@@ -18,9 +18,9 @@ from ocria.models import OCRiaForConditionalGeneration
 from ocria.models.checkpoint import checkpoint_files, load_module, read_tensors
 from ocria.models.config import OCRiaConfig, read_config_json
 from ocria.models.layers import SwiGLU
+from ocria.models.quantized.formats import layer_formats, read_quant_config, stored_format
+from ocria.models.quantized.linear import QuantLinear, detect_format, mlp_forward
 from ocria.models.target import IGNORED_TENSORS
-from ocria.quant.export import layer_formats, read_quant_config, stored_format
-from ocria.quant.linear import QuantLinear, detect_format, mlp_forward
 
 TENSOR_SUFFIXES = ("weight", "bias", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale")
 

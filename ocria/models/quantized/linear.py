@@ -31,13 +31,12 @@ from torch import Tensor, nn
 
 from ocria.errors import CheckpointError
 from ocria.models.layers import gate_up_halves, prologue_dense
+from ocria.models.quantized.formats import FORMATS, Format
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_gemm import decode_gemm_fp8
 from ocria.plugins.fp4_gemm import nvfp4_gemm
 from ocria.plugins.gemm_prologue import Prologue
 from ocria.plugins.silu_quant import kernel_enabled, quantize_act, silu_mul_quant
-
-FORMATS = ("bf16", "fp8", "nvfp4")
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:
@@ -45,17 +44,17 @@ def fp8_tensor_cores(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-def detect_format(tensors: dict[str, Tensor], prefix: str = "") -> str:
+def detect_format(tensors: dict[str, Tensor], prefix: str = "") -> Format:
     """``bf16`` / ``fp8`` / ``nvfp4`` from the dtype of ``<prefix>weight``."""
     weight = tensors.get(prefix + "weight")
     if weight is None:
         raise CheckpointError(f"linear layer {prefix!r} has no weight tensor")
     if weight.dtype == torch.float8_e4m3fn:
-        return "fp8"
+        return Format.FP8
     if weight.dtype == torch.uint8:
-        return "nvfp4"
+        return Format.NVFP4
     if weight.is_floating_point():
-        return "bf16"
+        return Format.BF16
     raise CheckpointError(f"{prefix}weight has dtype {weight.dtype}, not bf16, float8_e4m3fn or uint8")
 
 
@@ -69,7 +68,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         if fmt not in FORMATS:
             raise CheckpointError(f"{name}: unknown linear format {fmt!r}; expected one of {FORMATS}")
-        self.fmt, self.name = fmt, name
+        self.fmt, self.name = Format(fmt), name
         self.out_features = weight.shape[0]
         self.in_features = weight.shape[1] * (2 if fmt == "nvfp4" else 1)
         self._check(weight, weight_scale, weight_scale_2)
