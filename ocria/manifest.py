@@ -1,12 +1,35 @@
-"""Engine manifest: a sha256 for every file, written by the builder and verified at load time."""
+"""Engine manifest: a sha256 for every file, written by the builder and verified at load time, and the build
+profile it records (``EngineProfile``)."""
 
 import hashlib
 import json
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from ocria.errors import OcriaError
 
 MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """The limits an engine was built for (the manifest's ``profile``; the defaults apply to a missing key)."""
+
+    max_batch_size: int = 8  # sequence slots, before the device's memory caps them (``plan_batch_size``)
+    max_seq_len: int = 2048  # prompt + generated tokens of one sequence
+    prefill_chunk: int = 512  # prompt tokens per prefill forward
+    max_image_pixels: int = 1 << 20  # the processor's pixel budget per page
+
+    @classmethod
+    def from_manifest(cls, manifest: dict) -> "EngineProfile":
+        """Args:
+            manifest: an engine's ``manifest.json`` content (``{}`` when unverified).
+
+        Returns:
+            The profile, every field converted to ``int``.
+        """
+        profile = manifest.get("profile", {})
+        return cls(**{f.name: int(profile.get(f.name, f.default)) for f in fields(cls)})
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -207,7 +207,7 @@ def test_slots_sized_from_free_gpu_memory(engine_dir):
     engine = load_engine(engine_dir)
     per_slot = engine.slot_bytes()
     sched = engine.scheduler(max_batch_size=3)
-    real = cache_bytes(sched.tcache) + cache_bytes(sched.dcache)
+    real = cache_bytes(sched.runner.tcache) + cache_bytes(sched.runner.dcache)
     assert per_slot > real / 3  # the caches of one slot, plus the step's logits
     gib = 1 << 30
     assert plan_batch_size(10 * gib, 16 * gib, 0.9, gib, 64) == 7  # 10 - 1.6 GiB fit 8 slots, one is spare

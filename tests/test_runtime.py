@@ -132,7 +132,7 @@ def test_rollback_state_equals_model_that_saw_only_accepted(engine):
         engine.drafter = real
     req = sched.running[0]
     s = req.slot
-    tc = sched.tcache
+    tc = sched.runner.tcache
     committed = torch.cat([prompt.input_ids, torch.tensor(req.generated[:-1])])
     assert int(tc.kv_len[s]) == committed.numel() == req.length
     fresh = TargetCache.allocate(engine.target.text_config, 1, tc.max_len, tc.max_chunk, torch.float32)

@@ -2,6 +2,7 @@
 
 from ocria.runtime.detok import IncrementalDetokenizer
 from ocria.runtime.engine import Engine, load_engine
+from ocria.runtime.model_runner import ModelRunner
 from ocria.runtime.processor import DEFAULT_PROMPT, PreparedPrompt, Processor
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, GenerationStats, Scheduler
@@ -12,6 +13,7 @@ __all__ = [
     "Event",
     "GenerationStats",
     "IncrementalDetokenizer",
+    "ModelRunner",
     "PreparedPrompt",
     "Processor",
     "SamplingParams",

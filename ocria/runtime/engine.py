@@ -1,41 +1,18 @@
 """Load a built engine directory and generate from it."""
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ocria.device import resolve_device
 from ocria.errors import OcriaError, RequestError
-from ocria.manifest import verify_engine
+from ocria.manifest import EngineProfile, verify_engine
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
 from ocria.models.cache import cache_bytes
 from ocria.runtime.processor import PreparedPrompt, Processor
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
-
-
-@dataclass(frozen=True)
-class EngineProfile:
-    """The limits an engine was built for (the manifest's ``profile``; the defaults apply to a missing key)."""
-
-    max_batch_size: int = 8  # sequence slots, before the device's memory caps them (``plan_batch_size``)
-    max_seq_len: int = 2048  # prompt + generated tokens of one sequence
-    prefill_chunk: int = 512  # prompt tokens per prefill forward
-    max_image_pixels: int = 1 << 20  # the processor's pixel budget per page
-
-    @classmethod
-    def from_manifest(cls, manifest: dict) -> "EngineProfile":
-        """Args:
-            manifest: an engine's ``manifest.json`` content (``{}`` when unverified).
-
-        Returns:
-            The profile, every field converted to ``int``.
-        """
-        profile, defaults = manifest.get("profile", {}), cls()
-        return cls(**{name: int(profile.get(name, getattr(defaults, name)))
-                      for name in ("max_batch_size", "max_seq_len", "prefill_chunk", "max_image_pixels")})
 
 
 def check_fraction(fraction: float) -> None:

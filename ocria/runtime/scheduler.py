@@ -1,9 +1,9 @@
 """Continuous batching: requests join (prefill) and leave (stop, cancel) between decode steps.
 
 Host-side bookkeeping only: each running request owns a cache slot; every ``step()`` admits waiting
-requests into free slots, runs one batched decode step per mode, applies stops token by token and
-returns the events (new text, finished flags, final stats). Not thread-safe: drive it from one
-thread (the Triton engine model runs it in a background loop).
+requests into free slots, has the ``ModelRunner`` (caches, graphs, forward passes) prefill them and run one batched
+decode step per mode, applies stops token by token and returns the events (new text, finished flags, final
+stats). Not thread-safe: drive it from one thread (the Triton engine model runs it in a background loop).
 """
 
 import time
@@ -13,13 +13,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ocria.models import DrafterCache, TargetCache
 from ocria.plugins.switch import invariance_enabled
-from ocria.runtime.decode import SamplingTensors, decode_step, prefill_forward, prefill_inputs
 from ocria.runtime.detok import IncrementalDetokenizer
-from ocria.runtime.graphs import GraphDecoder, PrefillGraphs
+from ocria.runtime.model_runner import ModelRunner
 from ocria.runtime.processor import PreparedPrompt
-from ocria.runtime.sampling import SamplingParams, sample
+from ocria.runtime.sampling import SamplingParams
 
 
 @dataclass
@@ -72,35 +70,21 @@ class _Request:
 
 
 class Scheduler:
-    """Continuous batching over one engine's models, with its own caches.
+    """Continuous batching over one engine's models.
 
     Args:
         engine: the ``Engine`` whose target, drafter, processor and profile it uses.
         max_batch_size: sequences running at once; default ``engine.max_batch_size``.
 
     Attributes:
-        tcache: the target cache, ``max_batch_size`` slots (+1 spare with CUDA graphs), each ``max_len`` long.
-        dcache: the drafter's context cache with the same slots, or None without a drafter.
+        runner: the ``ModelRunner`` that owns the caches and graphs and runs prefill and decode steps.
         stage_seconds: wall seconds spent in ``step()``'s "prefill" and "decode" stages, results back on the host.
     """
 
     def __init__(self, engine, max_batch_size: int | None = None):
         self.engine = engine
         self.max_batch_size = max_batch_size or engine.max_batch_size
-        block = engine.block_size
-        dtype, device = engine.dtype, engine.device
-        self.max_len = engine.max_seq_len + block
-        use_graphs = engine.use_graphs
-        slots = self.max_batch_size + int(use_graphs)  # a spare slot pads graph buckets
-        self.tcache = TargetCache.allocate(engine.target.text_config, slots, self.max_len, block, dtype, device)
-        d = engine.drafter
-        self.dcache = None if d is None else DrafterCache.allocate(
-            d.config.num_hidden_layers, d.config.num_key_value_heads, d.config.head_dim, slots, self.max_len,
-            dtype, device)
-        self.decode_graphs = (GraphDecoder(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
-                                           self.max_batch_size) if use_graphs else None)
-        self.prefill_graphs = (PrefillGraphs(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
-                                             engine.prefill_chunk) if use_graphs else None)
+        self.runner = ModelRunner(engine, self.max_batch_size)
         self.free = list(range(self.max_batch_size))
         self.waiting: deque[_Request] = deque()
         self.running: dict[int, _Request] = {}
@@ -190,52 +174,20 @@ class Scheduler:
         del self.running[req.rid]
         self.free.append(req.slot)
 
-    def _sampling(self, rows: list[_Request]) -> SamplingTensors:
-        """The rows' sampling parameters as [B] device tensors."""
-        dev = self.engine.device
-        return SamplingTensors(
-            temperature=torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=dev),
-            top_p=torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=dev),
-            top_k=torch.tensor([r.params.top_k for r in rows], dtype=torch.long, device=dev),
-            seed=torch.tensor([r.params.seed64 for r in rows], dtype=torch.long, device=dev),
-        )
-
     def _admit(self, req: _Request) -> tuple[_Request, Tensor]:
         """Prefill a waiting request into a free slot; returns it with its first token [1] long, still on the
-        device (sampled before the next prefill reuses the graph's logits buffer)."""
-        engine = self.engine
+        device."""
         req.slot = self.free.pop()
         self.running[req.rid] = req
-        spec = req.params.mode == "spec" and engine.drafter is not None
-        inputs = prefill_inputs(engine.target, engine.processor.on_device(req.prompt, engine.device), engine.device)
-        if self.prefill_graphs is not None:
-            logits = self.prefill_graphs(req.slot, inputs, spec)
-        else:
-            slots = torch.tensor([req.slot], device=engine.device)
-            logits = prefill_forward(engine.target, engine.drafter if spec else None, self.tcache,
-                                     self.dcache if spec else None, slots, inputs, engine.prefill_chunk)
+        first = self.runner.prefill(req.slot, req.prompt, req.params)
         req.length = req.prompt.input_ids.numel()
-        p = self._sampling([req])
-        pos = torch.tensor([req.length], device=engine.device)
-        return req, sample(logits, p.temperature, p.top_p, p.top_k, p.seed, pos, req.params.temperature == 0)
+        return req, first
 
     def _decode(self, rows: list[_Request], spec: bool) -> list[Event]:
         """One decode step (``spec`` or ``ar``) for ``rows``; an event per row."""
-        engine = self.engine
-        dev = engine.device
-        slots = torch.tensor([r.slot for r in rows], device=dev)
-        last = torch.tensor([r.last_token for r in rows], device=dev)
-        attn_len = max(r.length for r in rows)
-        greedy = all(r.params.temperature == 0 for r in rows)
-        if self.decode_graphs is not None:
-            composition = (spec, *(r.rid for r in rows))
-            params = self._sampling(rows) if composition != self.decode_graphs.composition else None
-            out = self.decode_graphs.step(slots.tolist(), last.tolist(), params, spec, attn_len, greedy, composition)
-        else:
-            result = decode_step(engine.target, engine.drafter if spec else None, self.tcache,
-                                 self.dcache if spec else None, slots, last, self._sampling(rows), attn_len, greedy)
-            out = (result.tokens, result.accepted, result.proposed)
-        tokens, accepted, proposed = (x.tolist() for x in out)
+        tokens, accepted, proposed = self.runner.decode(
+            [r.slot for r in rows], [r.last_token for r in rows], [r.params for r in rows], spec,
+            max(r.length for r in rows), tuple(r.rid for r in rows))
         events = []
         for i, req in enumerate(rows):
             kept = tokens[i][: accepted[i] + 1]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import ocria
 from ocria.errors import ConfigError, OcriaError
+from ocria.manifest import EngineProfile
 
 TEMPLATES = Path(ocria.__file__).resolve().parent.parent / "triton_repo"
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
@@ -32,12 +33,13 @@ class RepoOptions:
     gpus: tuple[int, ...] = ()  # device gpu: one engine instance on each of these GPUs (default: Triton's choice)
 
 
-def engine_profile(engine: Path) -> dict:
+def engine_profile(engine: Path) -> EngineProfile:
+    """The engine's build profile, read from its manifest (OcriaError for a missing or unreadable one)."""
     manifest = engine / "manifest.json"
     if not manifest.is_file():
         raise OcriaError(f"{engine}: not an engine directory (no manifest.json); build one with ocria-build engine")
     try:
-        return json.loads(manifest.read_text()).get("profile", {})
+        return EngineProfile.from_manifest(json.loads(manifest.read_text()))
     except json.JSONDecodeError as e:
         raise OcriaError(f"{manifest}: not valid JSON ({e.msg})") from None
 
@@ -45,7 +47,7 @@ def engine_profile(engine: Path) -> dict:
 def _values(opts: RepoOptions) -> dict[str, str]:
     engine = opts.engine.resolve()
     profile = engine_profile(engine)
-    max_batch = opts.max_batch or int(profile.get("max_batch_size", 8))
+    max_batch = opts.max_batch or profile.max_batch_size
     if opts.instances < 1 or max_batch < 1:
         raise OcriaError(f"--instances and --max-batch must be >= 1 (got {opts.instances}, {max_batch})")
     if opts.device not in ("cpu", "gpu"):

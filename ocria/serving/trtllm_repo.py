@@ -80,7 +80,7 @@ def _llmapi_sources(all_models: Path | None) -> Path:
 
 def _values(opts: TrtllmRepoOptions, engine: Path, mount: str) -> dict[str, str]:
     profile = engine_profile(engine)
-    max_batch = opts.max_batch or int(profile.get("max_batch_size", 8))
+    max_batch = opts.max_batch or profile.max_batch_size
     if max_batch < 1:
         raise OcriaError(f"--max-batch must be >= 1, got {max_batch}")
     drafter = engine / "drafter" / "config.json"
@@ -96,7 +96,7 @@ def _values(opts: TrtllmRepoOptions, engine: Path, mount: str) -> dict[str, str]
         "max_draft_len": str(int(cfg["block_size"]) - 1),  # a DFlash block is the last token + its drafts
         "mask_token_id": str(int(dflash["mask_token_id"])),
         "target_layer_ids": json.dumps([int(i) for i in dflash["target_layer_ids"]]),
-        "max_seq_len": str(int(profile.get("max_seq_len", 2048))),
+        "max_seq_len": str(profile.max_seq_len),
     }
 
 
