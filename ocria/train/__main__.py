@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "eval":
             check_splits(args.splits)
             engine = Engine(args.engine, device=args.device)
-            splits = evaluate_splits(engine, args.splits, args.docs, args.max_tokens, args.batch)
+            splits = evaluate_splits(engine, args.splits, args.docs, args.max_tokens, args.batch, progress=True)
             result = {"date": utc_now(), "command": "python -m ocria.train " + " ".join(argv),
                       "engine": str(args.engine), "device": args.device, "dtype": str(engine.dtype),
                       "docs": args.docs, "summary": summary(splits), "splits": splits}

@@ -9,6 +9,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
 from ocria.builder.presets import Preset
 from ocria.data.metrics import edit_distance
@@ -41,12 +42,14 @@ def heldout_pngs(n: int, start: int = 0) -> list[tuple[bytes, str]]:
 
 
 def transcribe(engine: Engine, images: list[bytes], mode: str, max_tokens: int, batch: int,
-               fast_prefill: bool = True) -> list[dict]:
-    """Run every image through the engine's scheduler; per request: token ids, text, tau stats."""
+               fast_prefill: bool = True, progress: str | None = None) -> list[dict]:
+    """Run every image through the engine's scheduler; per request: token ids, text, tau stats. ``progress``: the
+    label of a progress bar (pages finished) on stderr; None shows none."""
     sched = engine.scheduler(max_batch_size=batch)
     ctx = chunked_gdn() if fast_prefill else nullcontext()
     rids = {}
-    with ctx:
+    bar = tqdm(total=len(images), desc=progress, unit="page", disable=progress is None, leave=False)
+    with ctx, bar:
         for i, image in enumerate(images):
             rids[sched.add(engine.processor.prepare(image), SamplingParams(max_tokens=max_tokens, mode=mode))] = i
         results: list[dict] = [{"tokens": [], "text": ""} for _ in images]
@@ -56,6 +59,7 @@ def transcribe(engine: Engine, images: list[bytes], mode: str, max_tokens: int, 
                 r["tokens"] += event.token_ids
                 r["text"] += event.text
                 if event.finished:
+                    bar.update()
                     r["steps"] = event.stats.num_steps
                     r["accepted"] = event.stats.num_accepted_draft_tokens
                     r["proposed"] = event.stats.num_draft_tokens
@@ -79,10 +83,11 @@ def tau(results: list[dict]) -> float:
 
 
 def evaluate_splits(engine: Engine, splits: list[str], docs: int, max_tokens: int, batch: int,
-                    selector_settings: tuple[bool, ...] = (True, False)) -> dict[str, dict]:
-    """``evaluate`` on the first ``docs`` pages of each split: split name -> its result."""
-    return {split: evaluate(engine, split_pngs(split, docs), max_tokens, batch, selector_settings)
-            for split in splits}
+                    selector_settings: tuple[bool, ...] = (True, False), progress: bool = False) -> dict[str, dict]:
+    """``evaluate`` on the first ``docs`` pages of each split: split name -> its result (``progress``: a bar per
+    split and pass on stderr)."""
+    return {split: evaluate(engine, split_pngs(split, docs), max_tokens, batch, selector_settings,
+                            split if progress else None) for split in splits}
 
 
 def summary(results: dict[str, dict]) -> dict[str, dict]:
@@ -96,11 +101,12 @@ def summary(results: dict[str, dict]) -> dict[str, dict]:
 
 
 def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, batch: int,
-             selector_settings: tuple[bool, ...] = (True, False)) -> dict:
+             selector_settings: tuple[bool, ...] = (True, False), progress: str | None = None) -> dict:
     """CER (ar; also each document's edits and length), and per selector setting (on: the drafter config's
     threshold): tau, drafts sent for verification per step, CER and spec == ar on every document."""
     images, truths = [d[0] for d in docs], [d[1] for d in docs]
-    ar = transcribe(engine, images, "ar", max_tokens, batch)
+    label = (lambda what: f"{progress}: {what}") if progress is not None else (lambda what: None)
+    ar = transcribe(engine, images, "ar", max_tokens, batch, progress=label("ar"))
     edits = doc_edits(ar, truths)
     out = {"docs": len(docs), "cer_ar": cer(edits, truths), "exact_docs_ar": edits.count(0),
            "edits_ar": edits, "chars": [len(t) for t in truths]}  # per document: where the errors are
@@ -111,7 +117,8 @@ def evaluate(engine: Engine, docs: list[tuple[bytes, str]], max_tokens: int, bat
     for use_selector in selector_settings if has_selector else (False,):
         drafter.config.selector_head = use_selector
         try:
-            spec = transcribe(engine, images, "spec", max_tokens, batch)
+            spec = transcribe(engine, images, "spec", max_tokens, batch,
+                              progress=label("spec, selector " + ("on" if use_selector else "off")))
         finally:
             drafter.config.selector_head = has_selector
         key = "selector_on" if use_selector else "selector_off"
