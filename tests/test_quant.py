@@ -4,6 +4,7 @@ quantization, the accuracy report is measured, and bad recipes are refused befor
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from ocria.builder.engine import build_engine
 from ocria.builder.presets import load_preset, preset_checkpoints
 from ocria.cli import build_main
 from ocria.data.metrics import cer, edit_distance
-from ocria.errors import OcriaError
+from ocria.errors import CheckpointError, OcriaError
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.models.quantized.formats import layer_formats, read_quant_config
 from ocria.quant.recipe import PROTECTED, RECIPE_DIR, load_recipe
@@ -70,6 +71,22 @@ def test_recipe_engine_runs_and_spec_equals_ar(engines, name):
     manifest = json.loads((engines[name] / "manifest.json").read_text())
     assert manifest["recipe"] == name
     assert (engines[name] / "accuracy.json").is_file() == (name != "bf16")
+    planned = {n: f for n, f in load_recipe(name).formats(_mini_modules()).items() if f != "bf16"}
+    assert manifest["quantized_layers"] == planned  # the recipe's decisions, which the loader follows
+
+
+def test_loader_follows_the_manifest_and_refuses_a_checkpoint_that_disagrees(engines, tmp_path):
+    engine = tmp_path / "mixed"
+    shutil.copytree(engines["mixed"], engine)
+    path = engine / "manifest.json"
+    manifest = json.loads(path.read_text())
+    layer, fmt = sorted(manifest["quantized_layers"].items())[0]
+    other = "fp8" if fmt == "nvfp4" else "nvfp4"
+    for recorded, stored in ((dict(manifest["quantized_layers"], **{layer: other}), fmt),
+                             ({k: v for k, v in manifest["quantized_layers"].items() if k != layer}, fmt)):
+        path.write_text(json.dumps(dict(manifest, quantized_layers=recorded)))
+        with pytest.raises(CheckpointError, match=f"records {layer} as .*, but its weights are stored as {stored}"):
+            load_engine(engine)
 
 
 def test_exported_layout_matches_modelopt_unified_format(engines):

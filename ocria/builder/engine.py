@@ -123,6 +123,9 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
             "preset": spec.name if target is None else None,
             "sources": sources,
             "recipe": recipe or "bf16",
+            # the recipe's decisions, which the loader follows (and checks against the stored tensors)
+            "quantized_layers": {} if quant is None else {
+                name: fmt for name, fmt in report["layer_formats"].items() if fmt != "bf16"},
             "profile": {**build_profile, "block_size": block_size, "dtype": "bfloat16", "gpu_arch": gpu_arch()},
             "format_costs": costs.to_json(),
             "files": file_table(tmp),

@@ -10,6 +10,8 @@ from ocria.errors import OcriaError, RequestError
 from ocria.manifest import EngineProfile, verify_engine
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
 from ocria.models.cache import cache_bytes
+from ocria.models.quantized.formats import QUANT_CONFIG
+from ocria.models.quantized.load import load_quantized_target
 from ocria.runtime.processor import PreparedPrompt, Processor
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
@@ -44,21 +46,22 @@ def plan_batch_size(free_bytes: int, total_bytes: int, fraction: float, slot_byt
     return min(requested, fit)
 
 
-def load_target(directory: Path, dtype: torch.dtype, device: str) -> OCRiaForConditionalGeneration:
+def load_target(directory: Path, dtype: torch.dtype, device: str,
+                recorded: dict[str, str] | None = None) -> OCRiaForConditionalGeneration:
     """The target checkpoint: plain HF weights, or a ModelOpt unified (quantized) checkpoint.
 
     Args:
         directory: an HF model directory (``config.json``, safetensors, optionally ``hf_quant_config.json``).
         dtype: the dtype of unquantized weights and activations.
         device: where the weights go.
+        recorded: the build's per-layer formats from the engine manifest (``quantized_layers``), which the
+            quantized loader follows and checks; None for a checkpoint without a manifest.
 
     Returns:
         The target model on ``device``.
     """
-    if (directory / "hf_quant_config.json").is_file():
-        from ocria.models.quantized.load import load_quantized_target
-
-        return load_quantized_target(directory, dtype=dtype, device=device)
+    if (directory / QUANT_CONFIG).is_file():
+        return load_quantized_target(directory, dtype=dtype, device=device, recorded=recorded)
     return OCRiaForConditionalGeneration.from_pretrained(directory, dtype=dtype, device=device)
 
 
@@ -99,7 +102,8 @@ class Engine:
         self.max_seq_len = profile.max_seq_len
         self.prefill_chunk = profile.prefill_chunk
         self.processor = Processor.from_engine_dir(self.root, profile.max_image_pixels)
-        self.target = load_target(self.root / "target", self.dtype, str(self.device))
+        self.target = load_target(self.root / "target", self.dtype, str(self.device),
+                                  self.manifest.get("quantized_layers"))
         self.target.set_plugins(use_plugins)
         self.target.text.fuse_projections()
         self.plugins = "triton" if (use_plugins if use_plugins is not None else self.device.type == "cuda") \

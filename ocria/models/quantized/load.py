@@ -18,7 +18,7 @@ from ocria.models import OCRiaForConditionalGeneration
 from ocria.models.checkpoint import checkpoint_files, load_module, read_tensors
 from ocria.models.config import OCRiaConfig, read_config_json
 from ocria.models.layers import SwiGLU
-from ocria.models.quantized.formats import layer_formats, read_quant_config, stored_format
+from ocria.models.quantized.formats import Format, layer_formats, read_quant_config, stored_format
 from ocria.models.quantized.linear import QuantLinear, detect_format, mlp_forward
 from ocria.models.target import IGNORED_TENSORS
 
@@ -103,14 +103,34 @@ def quantized_layers(directory: Path) -> dict[str, str]:
 
 
 def load_quantized_target(directory: str | Path, dtype: torch.dtype = torch.bfloat16,
-                          device: torch.device | str = "cpu") -> OCRiaForConditionalGeneration:
-    """The target of a quantized checkpoint, ready for the runtime (``forward_cached`` / ``forward``)."""
+                          device: torch.device | str = "cpu",
+                          recorded: dict[str, str] | None = None) -> OCRiaForConditionalGeneration:
+    """The target of a quantized checkpoint, ready for the runtime (``forward_cached`` / ``forward``).
+
+    Args:
+        directory: the checkpoint (``config.json``, safetensors, ``hf_quant_config.json``).
+        dtype: the dtype of the unquantized weights.
+        device: where the weights go.
+        recorded: the build's decisions, quantized layer name -> format (an engine manifest's ``quantized_layers``):
+            the layers to load as quantized; the checkpoint's tensors must store exactly these. None: the
+            layers whose weights are stored quantized.
+
+    Returns:
+        The model, in eval mode.
+    """
     directory = Path(directory)
     cfg = OCRiaConfig.from_dict(read_config_json(directory / "config.json"))
     with torch.device("meta"):
         model = OCRiaForConditionalGeneration(cfg)
     modules = dict(model.named_modules())
     formats = quantized_layers(directory)
+    if recorded is not None:
+        decided = {name: Format(fmt) for name, fmt in recorded.items() if Format(fmt) != Format.BF16}
+        for name in sorted(set(decided) | set(formats)):
+            if decided.get(name) != formats.get(name):
+                raise CheckpointError(f"{directory}: the engine manifest records {name} as "
+                                      f"{decided.get(name, Format.BF16)}, but its weights are stored as "
+                                      f"{formats.get(name, Format.BF16)}")
     declared = layer_formats(read_quant_config(directory))
     algo = read_quant_config(directory).get("quant_algo")
     for name, fmt in formats.items():
