@@ -8,6 +8,25 @@ shapes (the GPU path captures it in a CUDA graph). Per slot ``s``:
   checkpoint state, and the ReplaySSM ring (``ring_k/u/g``) with the shared ``ring_phase`` and
   ``pending_len`` cursor (see ``ocria.plugins.replay_ssm.reference``).
 - ``rope_delta[s]``: mRoPE offset of text positions after the image (position = index + delta).
+- the drafter (``DrafterCache``): context K/V per layer and ``ctx_len[s]`` tokens injected.
+
+Rollback contract (the one place it is defined; kernels and the runtime follow it). A step of T tokens on slot
+``s`` (T = 1 for ``ar``, the block for ``spec``):
+
+1. Reads: attention sees ``kv_len[s]`` committed keys; a GDN layer first folds the ``pending_len[s]`` tokens
+   parked in ring half ``ring_phase[s]`` into ``ssm[s]``, and takes its conv window at offset ``pending_len[s]``
+   of ``conv_buf[s]``.
+2. Writes, for all T tokens, past every cursor: K/V rows from ``kv_len[s]`` on, the T tokens' ``k, u, g`` in the
+   other ring half, their conv inputs after the window. Nothing committed is overwritten, so dropping any suffix
+   of the T tokens needs no undo.
+3. ``TargetCache.commit(slots, kept)``, once for all layers: ``kv_len += kept``, ``ring_phase ^= 1``,
+   ``pending_len = kept``. The kept tokens are folded by the next step (1).
+4. The drafter's ``ctx_len[s]`` grows only by the kept tokens' features (``DFlash2Drafter.inject``); what a draft
+   wrote beyond it is overwritten by the next one.
+
+A new sequence starts from ``reset`` (all cursors and states zero); prefill writes its prompt in chunks and sets
+``kv_len`` to the prompt's length. In the runtime, ``decode_step`` (``ocria.runtime.decode``) is the one caller of
+``commit``.
 """
 
 from dataclasses import dataclass
@@ -104,7 +123,8 @@ class TargetCache:
             t.index_fill_(0, slots, 0)
 
     def commit(self, slots: Tensor, accepted: Tensor) -> None:
-        """After a verify step: keep ``accepted`` [B] of the step's tokens per slot ``slots`` [B], drop the rest.
+        """After a step: keep ``accepted`` [B] of the step's tokens per slot ``slots`` [B], drop the rest (step 3 of
+        the module's rollback contract).
 
         One cursor move for all layers: attention lengths grow, the ring halves swap and the
         pending count becomes the accepted count (folded into the state at the next step).

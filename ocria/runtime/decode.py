@@ -12,7 +12,8 @@ in a 16-token verify block of many sequences as in a one-token step alone, so ``
 ``ar``'s bit for bit (``OCRIA_BATCH_INVARIANT=0``: faster kernels, equal up to floating-point near-ties).
 
 Both then commit the kept prefix with one cursor move (``TargetCache.commit``); ``spec`` also
-injects the kept tokens' target features into the drafter's context.
+injects the kept tokens' target features into the drafter's context. The rollback contract these steps follow is
+defined in ``ocria.models.cache``.
 """
 
 from dataclasses import dataclass

@@ -15,7 +15,8 @@ State layout (one entry per sequence slot ``s``; a batch row ``i`` uses slot ``s
 One verify step for T new tokens: fold the pending tokens into the checkpoint (state written once),
 compute the T outputs from it without storing per-token states, and park the T tokens' ``k, u, g`` in
 the other ring half. Rollback after acceptance is a cursor move done by the caller, once for all layers:
-``ring_phase ^= 1`` and ``pending_len = accepted``. Gated delta rule (``alpha = exp(g)``):
+``ring_phase ^= 1`` and ``pending_len = accepted`` (the whole contract, attention and drafter included, is in
+``ocria.models.cache``). Gated delta rule (``alpha = exp(g)``):
 ``S' = alpha S; u = beta (v - S'^T k); S = S' + k u^T; o = S^T (q / sqrt(Dk))``.
 
 The ring keeps ``u`` rather than ``v`` and ``beta``: ``u`` depends on the state the token saw, and the
