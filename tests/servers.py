@@ -41,11 +41,16 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code
 
-    def metrics(self) -> dict[str, float]:
+    def metrics(self, instance_labels: bool = False) -> dict[str, float]:
+        """The ``ocria_*`` series by name and labels; the engine instance's ``instance`` and ``device`` labels are left
+        out of the keys (these servers run one engine instance) unless ``instance_labels``."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.metrics}/metrics", timeout=5) as r:
             text = r.read().decode()
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-                for line in text.splitlines() if line.startswith("ocria_")}
+        series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                  for line in text.splitlines() if line.startswith("ocria_")}
+        if instance_labels:
+            return series
+        return {re.sub(r',?(instance|device)="[^"]*"', "", k).replace("{,", "{"): v for k, v in series.items()}
 
     def triton_pid(self) -> int | None:
         for line in self.lines:

@@ -117,6 +117,18 @@ def test_diff_of_counters_and_histogram_means():
     assert empty.engine_busy is None and empty.preprocess_ms is None
 
 
+def test_finished_requests_per_engine_instance():
+    """A server with an engine instance per GPU labels each instance's series: the sweep reports each one's share."""
+    def scrape(a: int, b: int) -> str:
+        return (f'ocria_requests_finished_total{{model="e",instance="e_0_0",device="cuda:0",reason="stop"}} {a}\n'
+                f'ocria_requests_finished_total{{model="e",instance="e_0_1",device="cuda:1",reason="stop"}} {b}\n'
+                f'ocria_requests_finished_total{{model="e",instance="e_0_1",device="cuda:1",reason="length"}} 1\n')
+    stats = server_stats(parse_prometheus(scrape(2, 3)), parse_prometheus(scrape(12, 10)))
+    assert stats.finished == {"length": 0, "stop": 17}
+    assert stats.finished_by_instance == {"cuda:0 e_0_0": 10, "cuda:1 e_0_1": 7}
+    assert server_stats(parse_prometheus(BEFORE), parse_prometheus(AFTER)).finished_by_instance is None
+
+
 def test_metrics_url_defaults_to_port_8002_of_the_grpc_host():
     assert metrics_url("10.0.0.5:8001", None) == "http://10.0.0.5:8002/metrics"
     assert metrics_url("h:1", "h:9") == "http://h:9/metrics"
@@ -325,6 +337,7 @@ def test_sweep_against_a_real_server(server, images, tmp_path, capsys):
         assert server_side["mean_ttft_s"] > 0
         # every counted request started and ended between the two scrapes, and no other request ran
         assert sum(server_side["finished"].values()) == p["completed"]
+        assert list(server_side["finished_by_instance"].values()) == [p["completed"]]  # one engine instance
         assert 0 < server_side["generated_tokens"] <= 8 * p["completed"]
         # the client counts tokens only from token ids; once the server sends them, the counts must agree
         assert p["output_tokens"] is None or p["output_tokens"] == server_side["generated_tokens"]

@@ -181,6 +181,8 @@ def test_bench_serve_measures_the_openai_endpoint(frontend, tmp_path, capsys):
     assert point["completed"] > 0 and point["errors"] == 0
     assert 0 < point["output_tokens"] <= 8 * point["completed"]  # from the workers' token ids, not estimated
     assert point["ttft_s"]["p50"] > 0 and point["server"] is None  # no --metrics-url: no server-side numbers
+    # each reply names its worker: the two workers' shares of the completed requests
+    assert sum(point["served_by"].values()) == point["completed"] and len(point["served_by"]) == 2
     assert main(["bench", "serve", "--backend", "openai", "--url", f"http://127.0.0.1:{free_port()}", "--images",
                  str(EXAMPLE)]) == 2
     assert "cannot reach an OpenAI-compatible server at http://127.0.0.1:" in capsys.readouterr().err

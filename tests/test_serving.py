@@ -311,6 +311,10 @@ def test_metrics_after_requests(server, image):
     assert 0 < ttft_mean < 60
     assert m['ocria_time_to_first_token_seconds_bucket{model="ocria_engine",le="+Inf"}'] == \
         m[f"ocria_time_to_first_token_seconds_count{lab}"]
+    # each series names its engine instance and device: with an instance per GPU, each GPU's share shows
+    labelled = [k for k in server.metrics(instance_labels=True) if k.startswith("ocria_generated_tokens_total")]
+    assert len(labelled) == 1 and 'instance="ocria_engine_0_0"' in labelled[0] and 'device="cpu"' in labelled[0], \
+        labelled
 
 
 def test_sigterm_stops_the_server_cleanly(server):

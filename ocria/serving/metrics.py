@@ -18,9 +18,12 @@ ENGINE_STAGES = ("prefill", "decode")  # Scheduler.stage_seconds
 
 
 class ServingMetrics(LoopObserver):
-    def __init__(self, pb_utils, model: str):
+    """The engine model's metrics, one series per engine instance (labels ``model``, ``instance``, ``device``), so
+    that a server with an instance per GPU shows each GPU's share of the work."""
+
+    def __init__(self, pb_utils, model: str, instance: str, device: str):
         mf = pb_utils.MetricFamily
-        labels = {"model": model}
+        labels = {"model": model, "instance": instance, "device": device}
         self._families = []
 
         def family(name: str, help_text: str, kind):

@@ -16,7 +16,8 @@ from ocria.errors import OcriaError
 
 
 class Reply(Protocol):
-    """One response of a request: its new text and the token ids new in it (empty if the server sends none)."""
+    """One response of a request: its new text and the token ids new in it (empty if the server sends none). A
+    reply that knows which engine served it (an OpenAI ``system_fingerprint``) also has ``served_by``."""
 
     text: str
     token_ids: list[int]
@@ -91,6 +92,7 @@ class ChatReply:
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    served_by: str | None = None  # its ``system_fingerprint``: ocria's Dynamo workers name themselves there
 
 
 def _image_type(image: bytes) -> str:
@@ -168,7 +170,8 @@ class OpenAIBackend:
             raise OcriaError(_error_message(json.dumps(chunk)))
         choice = (chunk.get("choices") or [{}])[0]
         ids = (chunk.get("nvext") or {}).get("token_ids") or []
-        return ChatReply((choice.get(part) or {}).get("content") or "", list(ids), choice.get("finish_reason"))
+        return ChatReply((choice.get(part) or {}).get("content") or "", list(ids), choice.get("finish_reason"),
+                         chunk.get("system_fingerprint"))
 
 
 def backend_factory(kind: str, url: str, timeout_s: float) -> BackendFactory:

@@ -27,6 +27,7 @@ class RequestSample:
     itl_s: list[float] = field(default_factory=list)  # per later chunk: gap to the previous chunk / its tokens
     error: str | None = None
     finish_reason: str | None = None
+    served_by: str | None = None  # the engine instance that served it, where the replies say (``Reply``)
 
     @property
     def latency_s(self) -> float:
@@ -57,6 +58,7 @@ def measure_request(backend: Backend, image: bytes, params: RequestParams, seed:
             tokens += n
             saw_ids = saw_ids or n > 0
             sample.finish_reason = reply.finish_reason or sample.finish_reason
+            sample.served_by = getattr(reply, "served_by", None) or sample.served_by
             if not (reply.text or n):
                 continue
             if previous is None:

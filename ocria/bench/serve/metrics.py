@@ -131,6 +131,7 @@ class ServerStats:
     engine_busy: dict[str, float] | None = None  # share of the window's wall time the engine loop spent per stage
     preprocess_ms: float | None = None  # Triton's compute time per request of the preprocessing model
     preprocess_queue_ms: float | None = None  # and its queue time per request
+    finished_by_instance: dict[str, int] | None = None  # finished requests per engine instance ("device instance")
 
 
 def _per_request_ms(before: Scrape, after: Scrape, name: str, model: str) -> float | None:
@@ -158,6 +159,12 @@ def server_stats(before: Scrape, after: Scrape, wall_s: float | None = None) -> 
     if after.total("ocria_requests_finished_total") is not None:
         reasons = sorted({lab.get("reason", "") for lab, _ in after.series["ocria_requests_finished_total"]})
         finished = {r: count("ocria_requests_finished_total", reason=r) for r in reasons}
+    by_instance = None
+    if after.total("ocria_requests_finished_total") is not None:
+        instances = sorted({(lab.get("device", ""), lab.get("instance", ""))
+                            for lab, _ in after.series["ocria_requests_finished_total"] if "instance" in lab})
+        by_instance = {f"{dev} {inst}".strip(): count("ocria_requests_finished_total", device=dev, instance=inst)
+                       for dev, inst in instances} or None
     busy = None
     if wall_s and after.total("ocria_engine_busy_seconds_total") is not None:
         stages = sorted({lab.get("stage", "") for lab, _ in after.series["ocria_engine_busy_seconds_total"]})
@@ -173,5 +180,6 @@ def server_stats(before: Scrape, after: Scrape, wall_s: float | None = None) -> 
         draft_tokens_accepted=count("ocria_draft_tokens_accepted_total"),
         finished=finished, engine_busy=busy,
         preprocess_ms=_per_request_ms(before, after, "nv_inference_compute_infer_duration_us", "preprocessing"),
-        preprocess_queue_ms=_per_request_ms(before, after, "nv_inference_queue_duration_us", "preprocessing"))
+        preprocess_queue_ms=_per_request_ms(before, after, "nv_inference_queue_duration_us", "preprocessing"),
+        finished_by_instance=by_instance)
 

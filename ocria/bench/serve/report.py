@@ -24,7 +24,7 @@ def _pair(summary: Summary | None, scale: float, digits: int) -> str:
 
 TABLE_COLUMNS = (("load", 12), ("done", 6), ("err", 5), ("req/s", 8), ("out tok/s", 10), ("TTFT p50/p99 ms", 16),
                  ("E2E p50/p99 s", 14), ("ITL p50 ms", 11), ("tok/req", 8), ("batch", 6), ("accept", 7),
-                 ("srv TTFT ms", 12), ("prefill/decode busy", 20), ("pre ms", 7))
+                 ("srv TTFT ms", 12), ("prefill/decode busy", 20), ("pre ms", 7), ("per instance", 14))
 
 
 def table_row(p: PointResult) -> list[str]:
@@ -41,7 +41,16 @@ def table_row(p: PointResult) -> list[str]:
             _fmt(p.output_tokens_per_s), _pair(p.ttft_s, 1e3, 1), _pair(p.latency_s, 1.0, 2),
             _fmt(p.itl_s.p50 if p.itl_s else None, 1e3, 2), _fmt(p.mean_tokens_per_request),
             _fmt(s.mean_batch_size if s else None, digits=2), _fmt(s.mean_acceptance_length if s else None, digits=2),
-            _fmt(s.mean_ttft_s if s else None, 1e3, 1), _busy(s), _fmt(s.preprocess_ms if s else None, digits=2)]
+            _fmt(s.mean_ttft_s if s else None, 1e3, 1), _busy(s), _fmt(s.preprocess_ms if s else None, digits=2),
+            _shares(p.served_by or (s.finished_by_instance if s else None))]
+
+
+def _shares(counts: dict[str, int] | None) -> str:
+    """Each engine instance's share of the requests, in instance order (``-``: unknown)."""
+    total = sum(counts.values()) if counts else 0
+    if not total:
+        return "-"
+    return "/".join(f"{counts[k] / total:.0%}" for k in sorted(counts))
 
 
 def _busy(s: ServerStats | None) -> str:

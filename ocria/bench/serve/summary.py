@@ -72,6 +72,7 @@ class PointResult:
     itl_s: Summary | None
     finish_reasons: dict[str, int]
     server: ServerStats | None
+    served_by: dict[str, int] | None = None  # completed requests per engine instance, as the replies name it
 
 
 def point_result(load: Load, max_concurrency: int | None, samples: Sequence[RequestSample], measure_start: float,
@@ -97,6 +98,10 @@ def point_result(load: Load, max_concurrency: int | None, samples: Sequence[Requ
     reasons: dict[str, int] = {}
     for s in ok:
         reasons[s.finish_reason or "none"] = reasons.get(s.finish_reason or "none", 0) + 1
+    served: dict[str, int] = {}
+    for s in ok:
+        if s.served_by is not None:
+            served[s.served_by] = served.get(s.served_by, 0) + 1
     return PointResult(
         concurrency=load.concurrency, request_rate=load.request_rate, max_concurrency=max_concurrency,
         wall_s=wall, completed=len(ok), errors=len(failed), error_messages=first_distinct(s.error for s in failed),
@@ -107,7 +112,7 @@ def point_result(load: Load, max_concurrency: int | None, samples: Sequence[Requ
         ttft_s=summarize([s.ttft_s for s in ok if s.ttft_s is not None]),
         latency_s=summarize([s.latency_s for s in ok]),
         itl_s=summarize([x for s in ok for x in s.itl_s]),
-        finish_reasons=reasons, server=server)
+        finish_reasons=reasons, server=server, served_by=served or None)
 
 
 def first_distinct(messages, limit: int = MAX_ERROR_MESSAGES) -> list[str]:

@@ -99,7 +99,8 @@ class TritonPythonModel:
         self.engine = load_engine(params["engine_dir"], device=device)
         max_batch = int(params["scheduler_max_batch_size"])
         self.cancel_period_s = int(params["cancellation_check_period_ms"]) / 1000.0
-        self.metrics = ServingMetrics(pb_utils, self.model_name)
+        self.metrics = ServingMetrics(pb_utils, self.model_name, args.get("model_instance_name", self.model_name),
+                                      str(self.engine.device))
         self.loop = EngineLoop(self.engine, max_batch or None, self.cancel_period_s, self.metrics,
                                on_death=self._on_death).start()
 
