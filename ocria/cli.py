@@ -104,18 +104,19 @@ def _serving(name: str) -> tuple[Callable, Callable]:
 
 
 def _bench_args(p: argparse.ArgumentParser) -> None:
-    from ocria.bench import engine, formats, serve
+    from ocria.bench import engine, formats, scaling, serve
 
     sub = p.add_subparsers(dest="bench", required=True)
     engine.add_args(sub.add_parser("engine", help="offline throughput and latency of an engine"))
     serve.add_args(sub.add_parser("serve", help="load generator against a running server"))
     formats.add_args(sub.add_parser("formats", help="format cost table: each format's decode GEMMs on this device"))
+    scaling.add_args(sub.add_parser("scaling", help="serving throughput on one GPU against several, both paths"))
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ocria.bench import engine, formats, serve
+    from ocria.bench import engine, formats, scaling, serve
 
-    return {"engine": engine.run, "serve": serve.run, "formats": formats.run}[args.bench](args)
+    return {"engine": engine.run, "serve": serve.run, "formats": formats.run, "scaling": scaling.run}[args.bench](args)
 
 
 def _dispatch(prog: str, commands: dict[str, tuple[str, Callable, Callable]], argv: list[str] | None) -> int:
