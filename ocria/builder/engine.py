@@ -124,8 +124,7 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
             "sources": sources,
             "recipe": recipe or "bf16",
             # the recipe's decisions, which the loader follows (and checks against the stored tensors)
-            "quantized_layers": {} if quant is None else {
-                name: fmt for name, fmt in report["layer_formats"].items() if fmt != "bf16"},
+            "quantized_layers": {} if quant is None else report["quantized_layers"],
             "profile": {**build_profile, "block_size": block_size, "dtype": "bfloat16", "gpu_arch": gpu_arch()},
             "format_costs": costs.to_json(),
             "files": file_table(tmp),

@@ -252,6 +252,7 @@ def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_
         "heldout": {"documents": len(heldout), "decode_steps": heldout_decode_steps},
         "layers": counts,
         "layer_formats": formats,
+        "quantized_layers": {name: str(fmt) for name, fmt in sorted(layers.items())},  # the LM head included
         **({"auto": search} if search is not None else {}),
         "notes": notes,
         **report,
