@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).parent.parent / "ocria"
 # Lowest first. A module may import only from floors below its own (and from inside its own package).
 FLOORS = (
     ("errors",),
-    ("deps", "device", "manifest"),
+    ("deps", "device", "manifest", "staging"),
     ("plugins", "data"),
     ("models",),
     ("runtime",),

@@ -24,6 +24,7 @@ from ocria.errors import OcriaError
 from ocria.manifest import MANIFEST, file_table
 from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
 from ocria.quant.costs import DEFAULT_ARCH, DEFAULT_MODELS, CostTable, decode_gemms
+from ocria.staging import staged_directory
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
                    "special_tokens_map.json", "chat_template.jinja")
@@ -68,9 +69,7 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
         check_calib_spec(calib)
         calib_device = resolve_device(device)
     build_profile = {**spec.profile, **(profile or {})}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with staged_directory(out) as tmp:
         steps = tqdm(total=5, desc="ocria-build engine", disable=not progress, unit="step")
         src = Path(tempfile.mkdtemp(dir=tmp))
         if target is None:
@@ -134,15 +133,4 @@ def build_engine(out: str | Path, target: str | Path | None = None, drafter: str
             path.chmod(0o755 if path.is_dir() else 0o644)
         steps.update()
         steps.close()
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-        return out
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return out

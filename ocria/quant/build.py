@@ -12,8 +12,6 @@ for its GEMM (``gpu_aware``, the default); a recipe's FP8 ``lm_head`` is untied 
 and measured alone in the report against the BF16 head.
 """
 
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from ocria.quant.export import export_target, storage_tensors
 from ocria.quant.head import untie_head
 from ocria.quant.recipe import HEAD, Recipe
 from ocria.runtime.processor import Processor
+from ocria.staging import staged_directory
 
 CALIB_DECODE_STEPS = 8
 HELDOUT_DOCS = 4
@@ -210,18 +209,11 @@ def quantize_target(model: OCRiaForConditionalGeneration, recipe: Recipe, calib_
     else:
         bar.update(len(samples))
     bar.set_postfix_str("export")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent if out_dir.parent.exists() else None))
-    try:
+    with staged_directory(out_dir) as tmp:
         if recipe.quantizes:
             export_target(model, tmp)
         else:
             _save_plain(model, tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     bar.update()
     bar.set_postfix_str("accuracy")
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype

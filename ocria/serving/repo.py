@@ -11,13 +11,13 @@ import json
 import re
 import shutil
 import string
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import ocria
 from ocria.errors import ConfigError, OcriaError
 from ocria.manifest import EngineProfile
+from ocria.staging import staged_directory
 
 TEMPLATES = Path(ocria.__file__).resolve().parent.parent / "triton_repo"
 PLACEHOLDER = re.compile(r"\$\{[^}]*\}")
@@ -85,9 +85,7 @@ def write_repo(out: str | Path, opts: RepoOptions, force: bool = False) -> Path:
         raise OcriaError(f"{out} already exists (use --force to replace it)")
     values = _values(opts)
     src = TEMPLATES / "ocria"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with staged_directory(out) as tmp:
         for path in sorted(src.rglob("*")):
             if path.is_dir() or "__pycache__" in path.parts:
                 continue
@@ -100,12 +98,6 @@ def write_repo(out: str | Path, opts: RepoOptions, force: bool = False) -> Path:
         for cfg in tmp.glob("*/config.pbtxt"):  # Triton needs a version directory, even an ensemble's
             (cfg.parent / "1").mkdir(exist_ok=True)
         validate_repo(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -23,7 +23,6 @@ import filecmp
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -33,6 +32,7 @@ import yaml
 from ocria.builder.dflash_export import export_plain_dflash
 from ocria.errors import ConfigError, OcriaError
 from ocria.serving.repo import TEMPLATES, engine_profile, fill, parse_config
+from ocria.staging import staged_directory
 
 FIELDS_FILE = Path(__file__).with_name("trtllm_fields.json")
 MODEL = "tensorrt_llm"
@@ -174,9 +174,7 @@ def write_trtllm_repo(out: str | Path, opts: TrtllmRepoOptions, force: bool = Fa
     mount = _mount(opts, engine)
     values = _values(opts, engine, mount)
     templates = TEMPLATES / "tensorrt-llm" / MODEL
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
+    with staged_directory(out) as tmp:
         model = tmp / "models" / MODEL
         (model / "1").mkdir(parents=True)
         for rel in ("config.pbtxt", "1/model.yaml"):
@@ -186,12 +184,6 @@ def write_trtllm_repo(out: str | Path, opts: TrtllmRepoOptions, force: bool = Fa
         _export_engine(engine, tmp / "engine")
         _check_container(src, model / "config.pbtxt")
         validate_trtllm_repo(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
