@@ -1,13 +1,10 @@
 """`ocria serve` as a test starts it: a subprocess on free loopback ports, ready when it prints `ready:`."""
 
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ocria.errors import OcriaError
+from ocria.serving.process import ServeProcess
 from ocria.serving.tritonserver import Ports
 
 START_TIMEOUT_S = 300
@@ -60,42 +59,22 @@ class Server:
         return None
 
 
-def _pump(stream, lines: list, q: queue.Queue) -> None:
-    for line in stream:
-        lines.append(line)
-        q.put(line)
-    q.put(None)
-
-
 @contextmanager
 def serving(engine: Path, log: Path, *args: str, python: str | Path = sys.executable) -> Iterator[Server]:
     """``python -m ocria.cli serve --engine ENGINE ARGS`` until it is ready; stopped (and its tritonserver with it,
     if it has to be killed) on exit."""
     ports = Ports.free()
-    cmd = [str(python), "-m", "ocria.cli", "serve", "--engine", str(engine), "--grpc-port", str(ports.grpc),
-           "--http-port", str(ports.http), "--metrics-port", str(ports.metrics), "--log-file", str(log),
-           "--ready-timeout", str(START_TIMEOUT_S), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines, q = [], queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, lines, q), daemon=True).start()
-    server = Server(proc, ports, engine, lines, log)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S + 30
-        while True:
-            line = q.get(timeout=max(1.0, deadline - time.monotonic()))
-            if line is None:
-                pytest.fail(f"ocria serve exited ({proc.wait()}):\n{''.join(lines)}")
-            if line.startswith("ready:"):
-                break
+        served = ServeProcess(["--engine", str(engine), "--grpc-port", str(ports.grpc), "--http-port", str(ports.http),
+                               "--metrics-port", str(ports.metrics), "--log-file", str(log), "--ready-timeout",
+                               str(START_TIMEOUT_S), *args], START_TIMEOUT_S + 30, python)
+    except OcriaError as e:
+        pytest.fail(str(e))
+    server = Server(served.proc, ports, engine, served.lines, log)
+    try:
         yield server
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        served.stop(60)
         pid = server.triton_pid()
         if pid is not None:
             try:

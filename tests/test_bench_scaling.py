@@ -9,6 +9,8 @@ import pytest
 from ocria.bench.scaling import Deployment, compare, plan, serve_command
 from ocria.builder.engine import build_engine
 from ocria.cli import main
+from ocria.errors import OcriaError
+from ocria.serving.process import ServeProcess
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
 
@@ -78,3 +80,8 @@ def test_bad_gpus_and_engine_exit_2_with_one_line(engine, tmp_path, capsys, flag
     assert message in err and len(err.strip().splitlines()) == 1
     assert main(["bench", "scaling", "--engine", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "not an engine directory" in capsys.readouterr().err
+
+
+def test_a_server_that_exits_before_ready_is_an_error_with_its_output(tmp_path):
+    with pytest.raises(OcriaError, match=r"(?s)ocria serve exited \(code 2\):.*not an engine directory"):
+        ServeProcess(["--engine", str(tmp_path)], ready_timeout_s=120)

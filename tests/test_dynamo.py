@@ -10,7 +10,6 @@ import base64
 import importlib.util
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from ocria.errors import OcriaError
 from ocria.serving import dynamo_worker
 from ocria.serving.dynamo_launch import DynamoDeployment, DynamoOptions
 from ocria.serving.dynamo_worker import ChatHandler, parse_chat, require_dynamo
+from ocria.serving.process import ServeProcess
 from ocria.serving.tritonserver import free_port
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
@@ -76,13 +76,6 @@ class Frontend:
         return [int(p) for p in line.split("(pids ")[1].split(")")[0].split()]
 
 
-def _pump(stream, lines: list, q: queue.Queue) -> None:
-    for line in stream:
-        lines.append(line)
-        q.put(line)
-    q.put(None)
-
-
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     return build_engine(tmp_path_factory.mktemp("dynamo") / "mini", progress=False)
@@ -92,29 +85,17 @@ def engine(tmp_path_factory):
 def frontend(engine, tmp_path_factory):
     require_dynamo("tests/test_dynamo.py")
     port, logs = free_port(), tmp_path_factory.mktemp("dynamo-logs")
-    proc = subprocess.Popen([sys.executable, "-m", "ocria.cli", "serve", "--engine", str(engine), "--frontend",
-                             "dynamo", "--workers", "2", "--http-port", str(port), "--log-file", str(logs),
-                             "--ready-timeout", str(START_TIMEOUT_S)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines, q = [], queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, lines, q), daemon=True).start()
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S + 30
-        while True:
-            line = q.get(timeout=max(1.0, deadline - time.monotonic()))
-            if line is None:
-                pytest.fail(f"ocria serve --frontend dynamo exited (code {proc.wait()}):\n{''.join(lines)}")
-            if line.startswith("ready:"):
-                break
+        served = ServeProcess(["--engine", str(engine), "--frontend", "dynamo", "--workers", "2", "--http-port",
+                               str(port), "--log-file", str(logs), "--ready-timeout", str(START_TIMEOUT_S)],
+                              START_TIMEOUT_S + 30)
+    except OcriaError as e:
+        pytest.fail(str(e))
+    proc, lines = served.proc, served.lines
+    try:
         yield Frontend(f"http://127.0.0.1:{port}", proc, lines)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        served.stop(30)
     assert proc.returncode == 0, "".join(lines)
     assert "Dynamo deployment stopped" in "".join(lines)
 

@@ -18,19 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import queue
-import signal
-import subprocess
-import sys
-import threading
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ocria.bench import serve
 from ocria.bench.results import result_header, write_result
 from ocria.errors import OcriaError
+from ocria.serving.process import ServeProcess
 from ocria.serving.tritonserver import free_port
 
 SCALING_TARGET = 1.8  # requests/s of N GPUs over one, from TARGET_FROM_STREAMS concurrent streams up (2 GPUs)
@@ -73,8 +67,8 @@ def plan(frontends: list[str], gpus: tuple[int, ...]) -> list[Deployment]:
 
 
 def serve_command(dep: Deployment, engine: Path, ports: dict[str, int], extra: list[str]) -> list[str]:
-    """The ``ocria serve`` command line of a deployment."""
-    cmd = [sys.executable, "-m", "ocria.cli", "serve", "--engine", str(engine), "--device",
+    """The ``ocria serve`` arguments of a deployment."""
+    cmd = ["--engine", str(engine), "--device",
            "gpu" if dep.gpus else "cpu", "--http-port", str(ports["http"])]
     if dep.gpus:
         cmd += ["--gpus", ",".join(map(str, dep.gpus))]
@@ -97,44 +91,6 @@ def bench_command(dep: Deployment, ports: dict[str, int], args: argparse.Namespa
     if args.max_tokens:
         cmd += ["--max-tokens", str(args.max_tokens)]
     return cmd
-
-
-class Served:
-    """``ocria serve`` in the background until it prints its ready line; stopped with SIGTERM."""
-
-    def __init__(self, cmd: list[str], ready_timeout_s: float):
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.lines: list[str] = []
-        lines: queue.Queue = queue.Queue()
-
-        def pump() -> None:
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump, daemon=True).start()
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            try:
-                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                self.stop()
-                raise OcriaError(f"not ready after {ready_timeout_s:.0f} s: {' '.join(cmd[3:6])}") from None
-            if line is None:
-                raise OcriaError(f"ocria serve exited ({self.proc.wait()}):\n{''.join(self.lines[-15:])}")
-            if line.startswith("ready:"):
-                return
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
 
 
 def instance_shares(point: dict) -> dict[str, float] | None:
@@ -240,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     for dep in plan(args.frontends, gpus):
         ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
         print(f"== {dep.name}: starting", flush=True)
-        served = Served(serve_command(dep, args.engine, ports, args.serve_arg), args.ready_timeout)
+        served = ServeProcess(serve_command(dep, args.engine, ports, args.serve_arg), args.ready_timeout)
         try:
             out = args.out / f"{dep.name}.json"
             if serve.run(bench_parser.parse_args(bench_command(dep, ports, args, out))) != 0:
