@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ocria.bench import serve
 from ocria.bench.results import result_header, write_result
+from ocria.bench.serve.summary import format_shares, shares
 from ocria.errors import OcriaError
 from ocria.serving.process import ServeProcess
 from ocria.serving.tritonserver import free_port
@@ -96,9 +97,7 @@ def bench_command(dep: Deployment, ports: dict[str, int], args: argparse.Namespa
 def instance_shares(point: dict) -> dict[str, float] | None:
     """Each engine instance's share of a point's requests: the server's per-instance counts (Triton), else the
     replies' (Dynamo workers); None when neither says."""
-    counts = point.get("served_by") or (point.get("server") or {}).get("finished_by_instance")
-    total = sum(counts.values()) if counts else 0
-    return {k: v / total for k, v in sorted(counts.items())} if total else None
+    return shares(point.get("served_by") or (point.get("server") or {}).get("finished_by_instance"))
 
 
 def compare(frontend: str, base: dict, scaled: dict, instances: int) -> list[dict]:
@@ -120,14 +119,14 @@ def compare(frontend: str, base: dict, scaled: dict, instances: int) -> list[dic
         if s is None:
             continue
         ratio = s["requests_per_s"] / b["requests_per_s"] if b["requests_per_s"] else None
-        shares = instance_shares(s)
+        fractions = instance_shares(s)
         row = {"frontend": frontend, "concurrency": b["concurrency"], "instances": instances,
                "requests_per_s": [b["requests_per_s"], s["requests_per_s"]],
                "output_tokens_per_s": [b["output_tokens_per_s"], s["output_tokens_per_s"]],
-               "ratio": ratio, "errors": [b["errors"], s["errors"]], "shares": shares}
+               "ratio": ratio, "errors": [b["errors"], s["errors"]], "shares": fractions}
         if b["concurrency"] is not None and b["concurrency"] >= TARGET_FROM_STREAMS:
             row["meets_ratio"] = ratio is not None and ratio >= SCALING_TARGET * instances / 2
-        row["meets_shares"] = shares is not None and len(shares) == instances and min(shares.values()) >= (
+        row["meets_shares"] = fractions is not None and len(fractions) == instances and min(fractions.values()) >= (
             MIN_SHARE * 2 / instances)
         row["no_errors"] = b["errors"] == 0 and s["errors"] == 0
         rows.append(row)
@@ -139,10 +138,10 @@ def format_rows(rows: list[dict]) -> str:
     head = f"{'frontend':>9}{'streams':>8}{'req/s 1':>9}{'req/s N':>9}{'ratio':>7}{'errors':>8}  shares"
     lines = [head]
     for r in rows:
-        shares = "/".join(f"{v:.0%}" for v in r["shares"].values()) if r["shares"] else "-"
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        errors = "/".join(map(str, r["errors"]))
         lines.append(f"{r['frontend']:>9}{r['concurrency']:>8}{r['requests_per_s'][0]:>9.1f}"
-                     f"{r['requests_per_s'][1]:>9.1f}{ratio:>7}{'/'.join(map(str, r['errors'])):>8}  {shares}")
+                     f"{r['requests_per_s'][1]:>9.1f}{ratio:>7}{errors:>8}  {format_shares(r['shares'])}")
     return "\n".join(lines)
 
 
@@ -193,7 +192,8 @@ def run(args: argparse.Namespace) -> int:
     gpus = _gpus(args.gpus)
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict] = {}
-    for dep in plan(args.frontends, gpus):
+    deps = plan(args.frontends, gpus)
+    for dep in deps:
         ports = {"http": free_port(), "grpc": free_port(), "metrics": free_port()}
         print(f"== {dep.name}: starting", flush=True)
         served = ServeProcess(serve_command(dep, args.engine, ports, args.serve_arg), args.ready_timeout)
@@ -204,7 +204,6 @@ def run(args: argparse.Namespace) -> int:
             results[dep.name] = json.loads(out.read_text())
         finally:
             served.stop()
-    deps = plan(args.frontends, gpus)
     rows = []
     for frontend in args.frontends:
         mine = [d for d in deps if d.frontend == frontend]

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from ocria.bench.results import result_header
 from ocria.bench.serve.config import BenchConfig, Load
 from ocria.bench.serve.metrics import ServerStats
-from ocria.bench.serve.summary import PointResult, Summary
+from ocria.bench.serve.summary import PointResult, Summary, format_shares, shares
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -42,15 +42,7 @@ def table_row(p: PointResult) -> list[str]:
             _fmt(p.itl_s.p50 if p.itl_s else None, 1e3, 2), _fmt(p.mean_tokens_per_request),
             _fmt(s.mean_batch_size if s else None, digits=2), _fmt(s.mean_acceptance_length if s else None, digits=2),
             _fmt(s.mean_ttft_s if s else None, 1e3, 1), _busy(s), _fmt(s.preprocess_ms if s else None, digits=2),
-            _shares(p.served_by or (s.finished_by_instance if s else None))]
-
-
-def _shares(counts: dict[str, int] | None) -> str:
-    """Each engine instance's share of the requests, in instance order (``-``: unknown)."""
-    total = sum(counts.values()) if counts else 0
-    if not total:
-        return "-"
-    return "/".join(f"{counts[k] / total:.0%}" for k in sorted(counts))
+            format_shares(shares(p.served_by or (s.finished_by_instance if s else None)))]
 
 
 def _busy(s: ServerStats | None) -> str:

@@ -115,6 +115,23 @@ def point_result(load: Load, max_concurrency: int | None, samples: Sequence[Requ
         finish_reasons=reasons, server=server, served_by=served or None)
 
 
+def shares(counts: dict[str, int] | None) -> dict[str, float] | None:
+    """Each engine instance's share of the requests, in instance order; None when nothing was counted.
+
+    Args:
+        counts: requests per instance (``served_by``, or the server's ``finished_by_instance``), or None.
+    Returns:
+        The fractions, summing to 1, or None.
+    """
+    total = sum(counts.values()) if counts else 0
+    return {k: v / total for k, v in sorted(counts.items())} if total else None
+
+
+def format_shares(fractions: dict[str, float] | None) -> str:
+    """``shares``' fractions as ``51%/49%`` (``-``: unknown)."""
+    return "/".join(f"{v:.0%}" for v in fractions.values()) if fractions else "-"
+
+
 def first_distinct(messages, limit: int = MAX_ERROR_MESSAGES) -> list[str]:
     """The first ``limit`` distinct messages, in order.
 

@@ -131,8 +131,8 @@ def load_quantized_target(directory: str | Path, dtype: torch.dtype = torch.bflo
                 raise CheckpointError(f"{directory}: the engine manifest records {name} as "
                                       f"{decided.get(name, Format.BF16)}, but its weights are stored as "
                                       f"{formats.get(name, Format.BF16)}")
-    declared = layer_formats(read_quant_config(directory))
-    algo = read_quant_config(directory).get("quant_algo")
+    quant = read_quant_config(directory)
+    declared, algo = layer_formats(quant), quant.get("quant_algo")
     for name, fmt in formats.items():
         if not isinstance(modules.get(name), nn.Linear):
             raise CheckpointError(f"{directory}: quantized tensor {name}.weight is not a linear layer of the model")
