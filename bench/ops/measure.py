@@ -6,15 +6,12 @@ from __future__ import annotations
 import torch
 
 from bench.ops.registry import Inputs, OpBench, OpCall, Shape, clone_inputs
-from ocria.bench.timing import median_us, rotating_calls, time_calls
-
-ROTATE_BYTES = 256 << 20  # past the H100's and H200's 50 MB L2 several times
-MAX_COPIES = 64
+from ocria.bench.timing import median_us, rotating_calls, rotation_copies, time_calls
 
 
 def input_copies(op: OpBench, shape: Shape, inputs: Inputs) -> list[Inputs]:
-    """``inputs`` and copies of it, together at least ``ROTATE_BYTES`` of the shape's floor (at most MAX_COPIES)."""
-    copies = max(1, min(MAX_COPIES, -(-ROTATE_BYTES // max(1, op.floor(shape).bytes))))
+    """``inputs`` and copies of it, together past L2 by the shape's floor (``rotation_copies``)."""
+    copies = rotation_copies(op.floor(shape).bytes)
     return [inputs, *(clone_inputs(inputs) for _ in range(copies - 1))]
 
 

@@ -7,10 +7,10 @@ For every distinct GEMM of a decode step (``ocria.quant.costs.decode_gemms``: th
 projections, the MLP's and the LM head) and every format, the kernel a batch-invariant decode step runs for a layer
 of that format is timed at each row count M: bf16 ``ocria::decode_gemm``, FP8 the FP8 GEMM on an input already
 quantized (per token; the norm or SiLU before it writes the FP8 input), NVFP4 the weight-only GEMM. On CUDA each is
-timed with CUDA events over CUDA-graph replays after a warm-up call, over rotating weight copies (at least
-``ROTATE_BYTES`` touched, so the weights come from HBM as in a step); on CPU (tests, tiny models) with the wall clock,
-the median of a few calls after a warm-up. The output is the table ``ocria-build engine --format-costs`` reads, with
-this run's header, the copy bandwidth and each GEMM's weight-bytes floor (CUDA).
+timed with CUDA events over CUDA-graph replays after a warm-up call, over rotating weight copies
+(``ocria.bench.timing.rotation_copies``: the weights come from HBM as in a step); on CPU (tests, tiny models) with the
+wall clock, the median of a few calls after a warm-up. The output is the table ``ocria-build engine --format-costs``
+reads, with this run's header, the copy bandwidth and each GEMM's weight-bytes floor (CUDA).
 
 This module's top-level imports stay light: torch and the models are imported by the functions that use them.
 """
@@ -26,8 +26,6 @@ from ocria.bench.results import result_header, write_json
 from ocria.errors import OcriaError
 
 DEFAULT_FORMATS = ("bf16", "fp8", "nvfp4")
-ROTATE_BYTES = 256 << 20
-MAX_COPIES = 64
 CPU_CALLS = 3
 
 
@@ -58,8 +56,8 @@ def _config(args: argparse.Namespace):
 
 
 def _check_args(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    from ocria.models.quantized.formats import FORMATS
     from ocria.quant.costs import DEFAULT_ROWS
-    from ocria.quant.recipe import FORMATS
 
     rows = tuple(args.rows or DEFAULT_ROWS)
     if any(m < 1 for m in rows) or len(set(rows)) != len(rows):
@@ -97,10 +95,11 @@ def time_gemm(fmt: str, k: int, n: int, rows: tuple[int, ...], device, use_kerne
     """µs per call of one ``fmt`` GEMM of [n, k] at each row count, in a batch-invariant step."""
     import torch
 
+    from ocria.bench.timing import rotation_copies
     from ocria.plugins.switch import batch_invariant_rows
 
     bytes_bf16 = 2 * n * k
-    copies = max(1, min(MAX_COPIES, -(-ROTATE_BYTES // bytes_bf16))) if device.type == "cuda" else 1
+    copies = rotation_copies(bytes_bf16) if device.type == "cuda" else 1
     gen = torch.Generator(device=device).manual_seed(0)
     weights = [torch.randn(n, k, generator=gen, device=device).mul_(0.02).to(torch.bfloat16) for _ in range(copies)]
     runs = [executors(fmt, w, use_kernel) for w in weights]
@@ -135,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ocria.bench.engine.config import resolve_device
     from ocria.bench.timing import copy_bandwidth
+    from ocria.models.quantized.formats import FORMAT_BITS
     from ocria.quant.costs import CostSource, CostTable, decode_gemms
-    from ocria.quant.recipe import FORMAT_BITS
 
     rows, formats = _check_args(args)
     gemms = decode_gemms(_config(args))

@@ -22,6 +22,14 @@ def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 
 GRAPH_US = 2000.0  # a timed graph runs at least this long (time_calls)
 MAX_CALLS = 4096  # and holds at most this many calls
+ROTATE_BYTES = 256 << 20  # rotating inputs at least this large: past the H100's and H200's 50 MB L2 several times
+MAX_COPIES = 64
+
+
+def rotation_copies(bytes_per_call: int) -> int:
+    """How many copies of one call's inputs to rotate through so that together they pass ``ROTATE_BYTES`` (and come
+    from HBM, as in a decode step, not from L2); at most ``MAX_COPIES``."""
+    return max(1, min(MAX_COPIES, -(-ROTATE_BYTES // max(1, bytes_per_call))))
 
 
 def rotating_calls(fn, inputs: list) -> list:
