@@ -91,8 +91,8 @@ def test_importing_the_plugins_registers_every_operator():
     plugin declares, so tools that only load the ops (opcheck, torch.compile, a profiler) need nothing else."""
     declared = {m for path in (PACKAGE / "plugins").rglob("*.py")
                 for m in re.findall(r'custom_op\("ocria::(\w+)"', path.read_text())}
-    code = ("import torch, ocria.plugins\n"
-            "print(' '.join(sorted(n for n in ocria.plugins.OPERATORS if hasattr(torch.ops.ocria, n))))")
+    code = (f"import torch, ocria.plugins\nnames = {sorted(declared)!r}\n"
+            "print(' '.join(n for n in names if hasattr(torch.ops.ocria, n)))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert set(run.stdout.split()) == declared
+    assert len(declared) >= 20 and set(run.stdout.split()) == declared
