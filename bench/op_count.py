@@ -27,6 +27,7 @@ from ocria.bench.results import result_header, write_json  # noqa: E402
 from ocria.builder.presets import load_preset, random_models  # noqa: E402
 from ocria.data import generate  # noqa: E402
 from ocria.models import DrafterCache, TargetCache  # noqa: E402
+from ocria.plugins.policy import ALL_KERNELS, REFERENCE  # noqa: E402
 from ocria.runtime.decode import SamplingTensors, decode_step, prefill  # noqa: E402
 from ocria.runtime.processor import Processor  # noqa: E402
 
@@ -82,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     target, drafter = random_models(preset, "cpu", torch.bfloat16)
     target.text.fuse_projections()
     drafter.fuse_projections()
-    target.set_plugins(args.plugins == "on")
-    drafter.set_plugins(args.plugins == "on")
+    policy = ALL_KERNELS if args.plugins == "on" else REFERENCE
     buf = io.BytesIO()
     generate(7, kind="line").image.save(buf, format="PNG")
     prompt = Processor(preset.assets).prepare(buf.getvalue())
@@ -94,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     dcache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, 1, L + 4 * block,
                                    torch.bfloat16) if spec else None
     use = drafter if spec else None
-    first = int(prefill(target, use, tcache, dcache, 0, prompt).argmax(-1))
+    first = int(prefill(target, use, tcache, dcache, 0, prompt, policy=policy).argmax(-1))
     slot, last = torch.zeros(1, dtype=torch.long), torch.tensor([first])
     params = SamplingTensors(torch.zeros(1), torch.ones(1), torch.zeros(1, dtype=torch.long),
                              torch.zeros(1, dtype=torch.long))
-    decode_step(target, use, tcache, dcache, slot, last, params, L + 2 * block, True)  # warm-up
+    decode_step(target, use, tcache, dcache, slot, last, params, L + 2 * block, True, policy)  # warm-up
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        decode_step(target, use, tcache, dcache, slot, last, params, L + 2 * block, True)
+        decode_step(target, use, tcache, dcache, slot, last, params, L + 2 * block, True, policy)
     counts = count_ops(prof.events())
     header = result_header("op_count")
     result = {**header, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

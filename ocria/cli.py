@@ -59,20 +59,21 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-fraction", type=float, default=0.9,
                    help="share of the GPU the caches may fill (CUDA): sizes the number of sequence slots")
     p.add_argument("--plugins", choices=("auto", "on", "off"), default="auto",
-                   help="Triton plugin kernels: auto = on CUDA only (opt-in ones as OCRIA_ENABLE_KERNELS says); "
-                        "on = every kernel, opt-in ones too (CPU: Triton's interpreter)")
+                   help="Triton plugin kernels: auto = on CUDA only (less OCRIA_DISABLE_KERNELS, opt-in ones as "
+                        "OCRIA_ENABLE_KERNELS says); on = every kernel, opt-in ones too (CPU: Triton's interpreter); "
+                        "off = the PyTorch references. --json prints the resulting execution policy")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from ocria.plugins.policy import ExecutionPolicy
     from ocria.runtime import SamplingParams, load_engine
 
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                             top_k=args.top_k, seed=args.seed, stop=tuple(args.stop), mode=args.mode)
     params.check(max_new_tokens=1 << 30)  # reject bad sampling flags before loading anything
-    plugins = {"auto": None, "on": True, "off": False}[args.plugins]
-    engine = load_engine(args.engine, device=args.device, use_plugins=plugins,
-                         gpu_memory_fraction=args.gpu_memory_fraction)
+    policy = ExecutionPolicy.from_env(args.plugins)
+    engine = load_engine(args.engine, device=args.device, policy=policy, gpu_memory_fraction=args.gpu_memory_fraction)
     resize = engine.processor.resize_of(Path(args.image))  # what the model sees: a page is resized to its budget
     text, ids, final = [], [], None
     for event in engine.generate(Path(args.image), args.prompt, params):
@@ -86,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps({"text": "".join(text), "token_ids": ids, "num_steps": s.num_steps,
                           "acceptance_length": round(s.acceptance_length, 4), "tokens_per_s": round(s.tokens_per_s, 2),
                           "finish_reason": final.finish_reason, "mode": s.mode, "plugins": s.plugins,
-                          "batch_invariant": s.batch_invariant,
+                          "batch_invariant": s.batch_invariant, "policy": policy.describe(engine.device),
                           "num_draft_tokens": s.num_draft_tokens,
                           "num_accepted_draft_tokens": s.num_accepted_draft_tokens,
                           "image": {"size": list(resize.original), "resized": list(resize.resized)}}))

@@ -5,6 +5,7 @@ and the same result for a token decoded alone or inside a verify block."""
 import importlib
 import os
 import sys
+from dataclasses import replace
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -14,7 +15,7 @@ import torch
 from ocria.errors import OcriaError
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.reference import decode_attention_reference
-from ocria.plugins.switch import batch_invariant_rows
+from ocria.plugins.policy import ALL_KERNELS
 
 if "ocria.plugins.decode_attention.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.decode_attention.kernel"])
@@ -38,7 +39,7 @@ def _case(B=3, H=4, Hkv=2, T=5, D=32, S=5, L=80, dtype=torch.float32, seed=0):
 def test_kernel_matches_reference(dtype, H, Hkv, T, D, causal):
     q, k, v, slots, start = _case(H=H, Hkv=Hkv, T=T, D=D, dtype=dtype, seed=H + T + D)
     attn_len = int(start.max()) + T + 5  # past every row's last key: masked, not read
-    got = decode_attention(q, k, v, slots, start, attn_len, D**-0.5, causal, use_kernel=True)
+    got = decode_attention(q, k, v, slots, start, attn_len, D**-0.5, causal, policy=ALL_KERNELS)
     want = decode_attention_reference(q, k, v, slots, start, attn_len, D**-0.5, causal)
     assert got.shape == want.shape == q.shape
     tol = 1e-5 if dtype == torch.float32 else 2e-2
@@ -56,43 +57,40 @@ def test_a_token_gets_the_same_result_alone_or_in_a_block():
 
 
 def test_a_batch_invariant_step_chunks_by_length_only(monkeypatch):
-    """Inside ``batch_invariant_rows()``: 32-key chunks whatever the batch or length bound, always combined. A
+    """Under ``policy.for_steps()``: 32-key chunks whatever the batch or length bound, always combined. A
     row's bits do not depend on the other rows or on how many chunks the launch has (66 here, five groups of the
     combine, against fewer for a batch of one whose bound is its own context), and a token alone agrees
     with its row in the block (up to the interpreter's matmul, which may round a row by its position). On an
-    H200's 132 SMs the per-shape chunking (OCRIA_BATCH_INVARIANT=0) cuts a batch of three into 96-key chunks and
-    a sequence alone into smaller ones, and the rows differ."""
+    H200's 132 SMs the per-shape chunking (a policy without batch invariance) cuts a batch of three into 96-key
+    chunks and a sequence alone into smaller ones, and the rows differ."""
     monkeypatch.setitem(op_module.decode_attention_triton.__globals__, "sm_count", lambda device: 132)
     q, k, v, slots, start = _case(T=16, L=2100, seed=5)
 
-    def alone_equals_block() -> tuple[torch.Tensor, list[bool]]:
-        with batch_invariant_rows():
-            block = decode_attention(q, k, v, slots, start, 2100, 0.2, use_kernel=True)
-            ones = [decode_attention(q[b:b + 1], k, v, slots[b:b + 1], start[b:b + 1], int(start[b]) + 16, 0.2,
-                                     use_kernel=True)[0] for b in range(3)]  # fmt: skip
+    def alone_equals_block(policy) -> tuple[torch.Tensor, list[bool]]:
+        step = policy.for_steps()
+        block = decode_attention(q, k, v, slots, start, 2100, 0.2, policy=step)
+        ones = [decode_attention(q[b:b + 1], k, v, slots[b:b + 1], start[b:b + 1], int(start[b]) + 16, 0.2,
+                                 policy=step)[0] for b in range(3)]  # fmt: skip
         return block, [torch.equal(one, block[b]) for b, one in enumerate(ones)]
 
-    block, same = alone_equals_block()
+    block, same = alone_equals_block(ALL_KERNELS)
     assert all(same)
-    monkeypatch.setenv("OCRIA_BATCH_INVARIANT", "0")
-    assert not all(alone_equals_block()[1])
-    monkeypatch.delenv("OCRIA_BATCH_INVARIANT")
-    with batch_invariant_rows():
-        for t in (0, 9, 15):
-            alone = decode_attention(q[:, :, t:t + 1], k, v, slots, start + t, 2100, 0.2, use_kernel=True)
-            torch.testing.assert_close(alone[:, :, 0], block[:, :, t], rtol=1e-6, atol=1e-6)
+    assert not all(alone_equals_block(replace(ALL_KERNELS, batch_invariant=False))[1])
+    for t in (0, 9, 15):
+        alone = decode_attention(q[:, :, t:t + 1], k, v, slots, start + t, 2100, 0.2, policy=ALL_KERNELS.for_steps())
+        torch.testing.assert_close(alone[:, :, 0], block[:, :, t], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(block, decode_attention_reference(q, k, v, slots, start, 2100, 0.2), rtol=1e-5,
                                atol=1e-5)  # fmt: skip
 
 
 def test_long_chunks_take_the_reference_and_bad_shapes_are_refused():
     q, k, v, slots, start = _case(T=20, seed=4)
-    torch.testing.assert_close(decode_attention(q, k, v, slots, start, 80, 0.2, use_kernel=True),
+    torch.testing.assert_close(decode_attention(q, k, v, slots, start, 80, 0.2, policy=ALL_KERNELS),
                                decode_attention_reference(q, k, v, slots, start, 80, 0.2))
     with pytest.raises(OcriaError, match="T <= 16"):
         decode_attention_triton(q, k, v, slots, start, 80, 0.2)
     q, k, v, slots, start = _case(T=4, seed=5)
-    torch.library.opcheck(torch.ops.ocria.decode_attention.default, (q, k, v, slots, start, 40, 0.2, True))
+    torch.library.opcheck(torch.ops.ocria.decode_attention.default, (q, k, v, slots, start, 40, 0.2, True, 0))
     with pytest.raises(OcriaError, match="attn_len 0"):
         decode_attention_triton(q, k, v, slots, start, 0, 0.2)
 
@@ -141,6 +139,6 @@ def test_the_op_splits_on_a_wide_gpu(monkeypatch):
     q, k, v, slots, _ = _case(B=1, H=8, Hkv=2, T=2, L=140, seed=8)
     start = torch.tensor([120], dtype=torch.int32)
     assert split_count(2, 130, 132) == 5
-    got = decode_attention(q, k, v, slots, start, 130, 0.2, use_kernel=True)
+    got = decode_attention(q, k, v, slots, start, 130, 0.2, policy=ALL_KERNELS)
     torch.testing.assert_close(got, decode_attention_reference(q, k, v, slots, start, 130, 0.2), rtol=1e-5, atol=1e-5)
-    torch.library.opcheck(torch.ops.ocria.decode_attention.default, (q, k, v, slots, start, 130, 0.2, True))
+    torch.library.opcheck(torch.ops.ocria.decode_attention.default, (q, k, v, slots, start, 130, 0.2, True, 0))

@@ -31,9 +31,9 @@ from ocria.plugins.decode_gemm import (  # noqa: E402
     decode_gemm_triton,
     default_config,
 )
+from ocria.plugins.policy import ALL_KERNELS, REFERENCE  # noqa: E402
 from ocria.plugins.rms_norm.reference import add_rms_norm_reference, rms_norm_reference  # noqa: E402
 from ocria.plugins.rounding import widen_e4m3  # noqa: E402
-from ocria.plugins.switch import batch_invariant_rows  # noqa: E402
 
 CONFIGS = {
     "columns": {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 2, "swap": False},
@@ -119,18 +119,18 @@ def test_split_k_leaves_its_counters_at_zero_and_repeats_bit_for_bit():
 
 def test_default_config_depends_on_the_weight_only_and_covers_the_columns():
     x, w, _ = _case(M=16, K=64, N=4128, seed=2)  # N > 4096: the wide-output config
-    got = decode_gemm(x, w, use_kernel=True)
+    got = decode_gemm(x, w, policy=ALL_KERNELS)
     assert int(_ulps(got, decode_gemm_fp32(x, w)).max()) <= 1
-    assert torch.equal(decode_gemm(x[9:10], w, use_kernel=True)[0], got[9])
+    assert torch.equal(decode_gemm(x[9:10], w, policy=ALL_KERNELS)[0], got[9])
     assert default_config(4128, 64) != default_config(2048, 64)
 
 
 def test_default_config_splits_long_k_of_narrow_outputs():
     x, w, _ = _case(M=3, K=4096, N=64, seed=7)  # N <= 4096, K >= 4096: the split-K default
     assert default_config(64, 4096)["split_k"] > 1
-    got = decode_gemm(x, w, use_kernel=True)
+    got = decode_gemm(x, w, policy=ALL_KERNELS)
     assert int(_ulps(got, decode_gemm_fp32(x, w)).max()) <= 1
-    assert torch.equal(decode_gemm(x[1:2], w, use_kernel=True)[0], got[1])
+    assert torch.equal(decode_gemm(x[1:2], w, policy=ALL_KERNELS)[0], got[1])
 
 
 def test_strided_rows_and_leading_dims():
@@ -139,23 +139,23 @@ def test_strided_rows_and_leading_dims():
     wide[:, 40:168] = x
     strided = wide[:, 40:168]  # row stride 200, not K
     assert strided.stride(0) == 200
-    want = decode_gemm(x, w, b, use_kernel=True)
-    assert torch.equal(decode_gemm(strided, w, b, use_kernel=True), want)
-    assert torch.equal(decode_gemm(x.reshape(2, 3, 128), w, b, use_kernel=True), want.reshape(2, 3, 48))
+    want = decode_gemm(x, w, b, policy=ALL_KERNELS)
+    assert torch.equal(decode_gemm(strided, w, b, policy=ALL_KERNELS), want)
+    assert torch.equal(decode_gemm(x.reshape(2, 3, 128), w, b, policy=ALL_KERNELS), want.reshape(2, 3, 48))
 
 
 def test_more_rows_take_the_reference_and_the_switch_off_is_f_linear():
     x, w, b = _case(M=MAX_M + 1, K=64, N=32, seed=4, bias=True)
-    assert torch.equal(decode_gemm(x, w, b, use_kernel=True), decode_gemm_reference(x, w, b))
-    with batch_invariant_rows():  # a verify step's rows: the kernel, in 16-row tiles
-        assert torch.equal(decode_gemm(x, w, b, use_kernel=True), decode_gemm_triton(x, w, b))
-    assert torch.equal(decode_gemm(x[:4], w, b, use_kernel=False), decode_gemm_reference(x[:4], w, b))
-    assert torch.equal(decode_gemm(x[:4], w, b), decode_gemm_reference(x[:4], w, b))  # None on CPU: reference
+    assert torch.equal(decode_gemm(x, w, b, policy=ALL_KERNELS), decode_gemm_reference(x, w, b))
+    # a verify step's rows: the kernel, in 16-row tiles
+    assert torch.equal(decode_gemm(x, w, b, policy=ALL_KERNELS.for_steps()), decode_gemm_triton(x, w, b))
+    assert torch.equal(decode_gemm(x[:4], w, b, policy=REFERENCE), decode_gemm_reference(x[:4], w, b))
+    assert torch.equal(decode_gemm(x[:4], w, b), decode_gemm_reference(x[:4], w, b))  # AUTO on CPU: reference
 
 
 def test_empty_rows():
     _, w, _ = _case(K=64, N=32)
-    assert decode_gemm(torch.empty(0, 64, dtype=torch.bfloat16), w, use_kernel=True).shape == (0, 32)
+    assert decode_gemm(torch.empty(0, 64, dtype=torch.bfloat16), w, policy=ALL_KERNELS).shape == (0, 32)
 
 
 @pytest.mark.parametrize("K,N,dtype,bias_shape,rows,match", [
@@ -176,13 +176,13 @@ def test_bad_shapes_are_refused(K, N, dtype, bias_shape, rows, match):
 
 def test_op_registration_and_fake():
     x, w, b = _case(M=3, K=64, N=32, seed=5, bias=True)
-    torch.library.opcheck(torch.ops.ocria.decode_gemm.default, (x, w, b))
-    torch.library.opcheck(torch.ops.ocria.decode_gemm.default, (x, w, None))
+    torch.library.opcheck(torch.ops.ocria.decode_gemm.default, (x, w, b, False, 0))
+    torch.library.opcheck(torch.ops.ocria.decode_gemm.default, (x, w, None, False, 0))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x3 = x.reshape(1, 3, 64)
     with FakeTensorMode() as mode:
-        out = torch.ops.ocria.decode_gemm(mode.from_tensor(x3), mode.from_tensor(w), None)
+        out = torch.ops.ocria.decode_gemm(mode.from_tensor(x3), mode.from_tensor(w), None, False, 0)
     assert out.shape == (1, 3, 32) and out.dtype == torch.bfloat16
 
 
@@ -225,7 +225,7 @@ def test_decoder_layers_fold_their_norms_into_the_input_projections(monkeypatch)
     embeds = torch.randn(1, 6, 32).to(torch.bfloat16)
     pos = torch.arange(6).expand(3, 1, 6)
     with torch.no_grad():
-        plain = model(embeds, pos)[0]
+        plain = model(embeds, pos, policy=REFERENCE)[0]
         folded = []
 
         def counted(*args, **kwargs):
@@ -234,8 +234,7 @@ def test_decoder_layers_fold_their_norms_into_the_input_projections(monkeypatch)
             return out
 
         monkeypatch.setattr(layers, "decode_gemm_norm", counted)
-        layers.set_plugins(model, True)
-        fused = model(embeds, pos)[0]
+        fused = model(embeds, pos, policy=ALL_KERNELS)[0]
     assert folded == [True] * 2 * model.cfg.num_hidden_layers
     assert float((fused.float() - plain.float()).abs().max() / plain.float().abs().max()) <= 3e-2
 
@@ -245,16 +244,16 @@ def test_fp32_output_is_the_unrounded_sum(cfg):
     """out_fp32 (the target's logits): the fp32 sums themselves, no bf16 rounding, rows batch invariant; the
     reference path gives fp32 too."""
     x, w, b = _case(M=16, seed=21, bias=True)
-    got = decode_gemm(x, w, b, use_kernel=True, out_fp32=True)
+    got = decode_gemm(x, w, b, policy=ALL_KERNELS, out_fp32=True)
     exact = x.float() @ w.float().T + b.float()
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5)
     assert not torch.equal(got, got.to(torch.bfloat16).float())  # not rounded to bf16 on the way
     assert torch.equal(decode_gemm_triton(x[3:4], w, b, config=CONFIGS[cfg], out_fp32=True)[0],
                        decode_gemm_triton(x, w, b, config=CONFIGS[cfg], out_fp32=True)[3])
-    ref = decode_gemm(x, w, b, use_kernel=False, out_fp32=True)
+    ref = decode_gemm(x, w, b, policy=REFERENCE, out_fp32=True)
     assert ref.dtype == torch.float32 and torch.allclose(ref, exact, rtol=1e-5, atol=1e-5)
-    assert torch.ops.ocria.decode_gemm.default(x.to("meta"), w.to("meta"), None, True).dtype == torch.float32
+    assert torch.ops.ocria.decode_gemm.default(x.to("meta"), w.to("meta"), None, True, 0).dtype == torch.float32
 
 
 def _fp8_case(M=5, K=320, N=96, seed=0, per_row=False, per_col=False):
@@ -285,11 +284,12 @@ def test_fp8_kernel_matches_its_math(cfg, per_row, per_col):
 def test_fp8_op_refuses_and_falls_back():
     q, w, sx, sw = _fp8_case(M=3, K=64, N=32, seed=1)
     assert decode_gemm_fp8(q, w, sx, sw) is None  # CPU tensors: the caller's dequantizing path
-    assert decode_gemm_fp8(torch.cat([q] * 6), w, sx, sw, use_kernel=True) is None  # 18 rows
-    torch.testing.assert_close(decode_gemm_fp8(q, w, sx, sw, use_kernel=True).float(),
+    assert decode_gemm_fp8(torch.cat([q] * 6), w, sx, sw, policy=ALL_KERNELS) is None  # 18 rows
+    torch.testing.assert_close(decode_gemm_fp8(q, w, sx, sw, policy=ALL_KERNELS).float(),
                                decode_gemm_fp8_fp32(q, w, sx, sw).float(), rtol=1e-2, atol=1e-3)
     # the schema check multiplies the inputs, which float8 tensors cannot do on CPU: the fake one alone
-    torch.library.opcheck(torch.ops.ocria.decode_gemm_fp8.default, (q, w, sx, sw, None), test_utils="test_faketensor")
+    torch.library.opcheck(torch.ops.ocria.decode_gemm_fp8.default, (q, w, sx, sw, None, False, 0),
+                          test_utils="test_faketensor")
     with pytest.raises(OcriaError, match="float8_e4m3fn x and weight"):
         decode_gemm_fp8_triton(q.float(), w, sx, sw)
     with pytest.raises(OcriaError, match="x_scale"):

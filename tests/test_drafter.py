@@ -1,5 +1,7 @@
 """DFlash2 drafter: z-lab format loads; block logits equal an independent re-implementation."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,6 +9,7 @@ from tiny_models import drafter_config, hf_vlm, save_hf, vlm_config, write_draft
 
 from ocria.errors import ConfigError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
+from ocria.plugins.policy import ALL_KERNELS, REFERENCE
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +181,7 @@ def test_drafter_rejects_mismatched_target(target, tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_plugin_path_matches_reference_path(dtype):
-    """set_plugins(True): every norm is one ``ocria::`` launch, the residual adds fused into the norms that
+    """Kernels on: every norm is one ``ocria::`` launch, the residual adds fused into the norms that
     follow them, and the drafted logits, selector and written K/V match the eager path's. The cached attention
     stays on its reference (its kernel is tested on its own) so that the norms are what differs: in bf16 the
     kernels keep the eager rounding chain and this seeded draft comes out bit for bit."""
@@ -193,13 +196,11 @@ def test_plugin_path_matches_reference_path(dtype):
     slots, counts, last = torch.tensor([1, 0]), torch.tensor([7, 4]), torch.tensor([13, 42])
     out = {}
     for on in (False, True):
-        drafter.set_plugins(on)
-        for layer in drafter.layers:
-            layer.self_attn.use_kernel = False
+        policy = replace(ALL_KERNELS, disabled=frozenset({"decode_attention", "kv_write"})) if on else REFERENCE
         cache = DrafterCache.allocate(dc.num_hidden_layers, dc.num_key_value_heads, dc.head_dim, 2, 48, dtype)
         with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
-            drafter.append_context(feats, counts, cache, slots)
-            out[on] = (*drafter.draft(last, cache, slots, attn_len=32), cache.k[-1].clone())
+            drafter.append_context(feats, counts, cache, slots, policy)
+            out[on] = (*drafter.draft(last, cache, slots, attn_len=32, policy=policy), cache.k[-1].clone())
         calls = [e.name for e in prof.events()]
         layers = dc.num_hidden_layers
         assert calls.count("ocria::plain_rms_norm") == (1 if on else 0)  # context: hidden_norm

@@ -22,10 +22,10 @@ from ocria.plugins import numerics as nx
 from ocria.plugins.decode_gemm.kernel import decode_gemm_fp8_triton, decode_gemm_triton
 from ocria.plugins.gemm_prologue import Prologue, prologue_gemm, prologue_gemm_reference
 from ocria.plugins.gemm_prologue.kernel import prologue_gemm_triton
+from ocria.plugins.policy import ALL_KERNELS, ExecutionPolicy
 from ocria.plugins.rms_norm.kernel import rms_norm_fp8_triton, rms_norm_triton
 from ocria.plugins.sigmoid_gate.kernel import sigmoid_gate_triton
 from ocria.plugins.silu_quant.kernel import quantize_act_triton, silu_mul_quant_triton
-from ocria.plugins.switch import batch_invariant_rows, kernel_enabled
 from ocria.quant.direct import quantize_in_place
 from ocria.quant.recipe import load_recipe
 
@@ -108,28 +108,27 @@ def test_views_are_read_in_place():
     assert torch.equal(got, prologue_gemm_reference(Prologue.SIGMOID_GATE, o.contiguous(), gate.contiguous(), w))
 
 
-def test_op_takes_what_the_kernel_takes_and_returns_none_otherwise(monkeypatch):
+def test_op_takes_what_the_kernel_takes_and_returns_none_otherwise():
     a, b, norm_w, w = _inputs(Prologue.GATED_NORM)
-    out = prologue_gemm(Prologue.GATED_NORM, a, b, w, norm_w, 1e-6, use_kernel=True)
+    out = prologue_gemm(Prologue.GATED_NORM, a, b, w, norm_w, 1e-6, policy=ALL_KERNELS)
     assert torch.equal(out, prologue_gemm_triton(Prologue.GATED_NORM, a, b, w, norm_w, 1e-6))
     assert prologue_gemm(Prologue.GATED_NORM, a, b, w, norm_w, 1e-6) is None  # CPU default: the reference chain
-    assert prologue_gemm(Prologue.GATED_NORM, a, b, w, norm_w.float(), 1e-6, use_kernel=True) is None
-    assert prologue_gemm(Prologue.GATED_NORM, a, b, w[:40], norm_w, 1e-6, use_kernel=True) is None  # N % 16
+    assert prologue_gemm(Prologue.GATED_NORM, a, b, w, norm_w.float(), 1e-6, policy=ALL_KERNELS) is None
+    assert prologue_gemm(Prologue.GATED_NORM, a, b, w[:40], norm_w, 1e-6, policy=ALL_KERNELS) is None  # N % 16
     big_a, big_b = (t.repeat(3, 3, 1, 1) for t in (a, b))  # 54 rows: a verify block of several sequences only
-    assert prologue_gemm(Prologue.GATED_NORM, big_a, big_b, w, norm_w, 1e-6, use_kernel=True) is None
-    with batch_invariant_rows():
-        assert prologue_gemm(Prologue.GATED_NORM, big_a, big_b, w, norm_w, 1e-6, use_kernel=True) is not None
+    assert prologue_gemm(Prologue.GATED_NORM, big_a, big_b, w, norm_w, 1e-6, policy=ALL_KERNELS) is None
+    step = ALL_KERNELS.for_steps()
+    assert prologue_gemm(Prologue.GATED_NORM, big_a, big_b, w, norm_w, 1e-6, policy=step) is not None
     cuda = torch.device("cuda")
-    monkeypatch.delenv("OCRIA_ENABLE_KERNELS", raising=False)  # opt-in until a GPU timing shows it pays
-    assert not kernel_enabled(cuda, None, "gemm_prologue") and kernel_enabled(cuda, None, "decode_gemm")
-    monkeypatch.setenv("OCRIA_ENABLE_KERNELS", "gemm_prologue")  # the A/B switch on the GPU
-    assert kernel_enabled(cuda, None, "gemm_prologue")
-    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "gemm_prologue")  # disabling wins
-    assert not kernel_enabled(cuda, None, "gemm_prologue")
+    auto = ExecutionPolicy.from_env(environ={})  # opt-in until a GPU timing shows it pays
+    assert not auto.uses("gemm_prologue", cuda) and auto.uses("decode_gemm", cuda)
+    assert ExecutionPolicy.from_env(environ={"OCRIA_ENABLE_KERNELS": "gemm_prologue"}).uses("gemm_prologue", cuda)
+    disabled = {"OCRIA_ENABLE_KERNELS": "gemm_prologue", "OCRIA_DISABLE_KERNELS": "gemm_prologue"}
+    assert not ExecutionPolicy.from_env(environ=disabled).uses("gemm_prologue", cuda)  # disabling wins
     with pytest.raises(OcriaError, match="power of two"):
         prologue_gemm_triton(Prologue.GATED_NORM, a[..., :24], b[..., :24], w[:, :96], norm_w[:24], 1e-6)
     fake = torch.ops.ocria.prologue_gemm.default(a.to("meta"), b.to("meta"), w.to("meta"), None, 0.0, 2, "bf16",
-                                                 None, None)
+                                                 None, None, 0)
     assert fake.shape == (2, 3, 48) and fake.dtype == torch.bfloat16
 
 
@@ -142,7 +141,6 @@ def test_decode_steps_run_it_after_every_layer_with_the_unfused_bits(tmp_path, m
     if recipe != "bf16":
         quantize_in_place(target, load_recipe(recipe))
     target.text.fuse_projections()
-    target.set_plugins(True)
     cfg, real, calls = target.text_config, layers.prologue_gemm, []
 
     def taken(*args, **kwargs):
@@ -154,11 +152,12 @@ def test_decode_steps_run_it_after_every_layer_with_the_unfused_bits(tmp_path, m
         monkeypatch.setattr(layers, "prologue_gemm", prologue)
         cache, slots = TargetCache.allocate(cfg, 1, 16, 4, torch.bfloat16), torch.zeros(1, dtype=torch.long)
         g, out = torch.Generator().manual_seed(3), []
-        with torch.no_grad(), batch_invariant_rows():
+        with torch.no_grad():
             for T in (1, 3):
                 embeds = torch.randn(1, T, cfg.hidden_size, generator=g).to(torch.bfloat16)
                 pos = (cache.kv_len[slots].long()[:, None] + torch.arange(T)).expand(3, 1, T)
-                out.append(target.forward_cached(embeds, pos, cache, slots, "verify", attn_len=8)[0])
+                out.append(target.forward_cached(embeds, pos, cache, slots, "verify", attn_len=8,
+                                                 policy=ALL_KERNELS.for_steps())[0])
                 cache.commit(slots, torch.tensor([T]))
         return out
 

@@ -8,6 +8,7 @@ from ocria.errors import OcriaError
 from ocria.models.attention import cache_index
 from ocria.plugins.kv_write import kv_write, kv_write_reference
 from ocria.plugins.kv_write.kernel import kv_write_triton
+from ocria.plugins.policy import ALL_KERNELS
 
 
 def _case(dtype: torch.dtype, B=3, T=4, H=2, D=24, S=5, L=16, seed=0):
@@ -27,7 +28,7 @@ def test_kernel_writes_what_the_indexed_assignments_write(dtype):
     want_k, want_v = kc.clone(), vc.clone()
     rows, pos = cache_index(slots, start, k.shape[1])  # rows: an expanded view (stride 0 along T)
     kv_write_reference(want_k, want_v, k, v, rows, pos)
-    kv_write(kc, vc, k, v, rows, pos, use_kernel=True)
+    kv_write(kc, vc, k, v, rows, pos, policy=ALL_KERNELS)
     assert torch.equal(kc.view(torch.uint8), want_k.view(torch.uint8))
     assert torch.equal(vc.view(torch.uint8), want_v.view(torch.uint8))
 
@@ -46,7 +47,7 @@ def test_mixed_dtypes_take_the_reference_and_the_kernel_refuses_them():
     kb, vb = k.to(torch.bfloat16), v.to(torch.bfloat16)
     want_k, want_v = kc.clone(), vc.clone()
     kv_write_reference(want_k, want_v, kb, vb, rows, pos)
-    kv_write(kc, vc, kb, vb, rows, pos, use_kernel=True)  # bf16 rows into fp32 caches: the reference casts
+    kv_write(kc, vc, kb, vb, rows, pos, policy=ALL_KERNELS)  # bf16 rows into fp32 caches: the reference casts
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     with pytest.raises(OcriaError, match="kv_write kernel"):
         kv_write_triton(kc, vc, kb, vb, rows, pos)

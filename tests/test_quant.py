@@ -20,6 +20,7 @@ from ocria.data.metrics import cer, edit_distance
 from ocria.errors import CheckpointError, OcriaError
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.models.quantized.formats import layer_formats, read_quant_config
+from ocria.plugins.policy import ALL_KERNELS, REFERENCE
 from ocria.quant.recipe import PROTECTED, RECIPE_DIR, load_recipe
 from ocria.runtime import SamplingParams, load_engine
 
@@ -481,10 +482,8 @@ def test_awq_checkpoints_run_with_their_pre_quant_scales(engines, tmp_path):
         x = torch.randn(2, 3, mixer.in_proj_qkv.in_features)
         one_by_one = [getattr(mixer, n)(x) if not isinstance(getattr(mixer, n), torch.nn.Linear)
                       else F.linear(x, getattr(mixer, n).weight) for n in PROJECTIONS]
-        for got, want in zip(project(mixer, x, PROJECTIONS), one_by_one, strict=True):
+        for got, want in zip(project(mixer, x, PROJECTIONS, REFERENCE), one_by_one, strict=True):
             assert torch.equal(got, want)
-    engine.target.set_plugins(False)
-    assert modules[gdn2].__dict__["_runs"][PROJECTIONS][0][0].linear.use_kernel is False  # reaches fused ones
     mlp = modules[prescaled[0].removesuffix(".down_proj")]  # one gate/up GEMM and the fused SiLU before its down
     assert isinstance(mlp, QuantSwiGLU) and isinstance(mlp.down_proj, PreScaledLinear)
     x = torch.randn(2, 3, mlp.gate_proj.in_features)
@@ -512,12 +511,23 @@ def test_search_with_nvfp4_on_cpu_falls_back_to_max(tmp_path, algorithm):
     assert calibration_algorithm(recipe, fp8_only, cuda=False, notes=[]) == algorithm
 
 
-def test_plugin_switch_reaches_quantized_mlps(engines):
-    engine = load_engine(engines["mixed"], use_plugins=False)
+def test_the_policy_reaches_quantized_mlps(engines):
+    """A quantized MLP runs its fused SiLU-multiply as the ``ocria::`` kernel under a policy with the kernels and as
+    the reference under one without, the same numbers within one bf16 rounding."""
+    from torch.profiler import ProfilerActivity, profile
+
     from ocria.models.quantized.load import QuantSwiGLU
 
+    engine = load_engine(engines["mixed"], policy=REFERENCE)
     mlps = [m for m in engine.target.modules() if isinstance(m, QuantSwiGLU)]
-    assert mlps and all(m.use_kernel is False and m.gate_up.use_kernel is False for m in mlps)
+    x = torch.randn(2, 3, mlps[0].gate_proj.in_features)
+    out, launches = {}, {}
+    for name, policy in (("reference", REFERENCE), ("kernels", ALL_KERNELS)):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            out[name] = mlps[0](x, policy)
+        launches[name] = sum(e.name == "ocria::silu_mul_quant" for e in prof.events())
+    assert mlps and launches == {"reference": 0, "kernels": 1}
+    torch.testing.assert_close(out["kernels"], out["reference"], rtol=2e-2, atol=2e-2)
 
 
 def test_calibration_free_quantization_follows_the_recipe():
@@ -571,7 +581,7 @@ def test_projections_sharing_an_input_run_as_one_gemm_per_format(engines):
     from ocria.models.layers import project
     from ocria.models.quantized.linear import QuantLinear
 
-    engine = load_engine(engines["mixed"], use_plugins=False)
+    engine = load_engine(engines["mixed"], policy=REFERENCE)
     layers = engine.target.text.layers
     runs_of_layer_1 = layers[1].linear_attn.__dict__["_runs"][GDN][0][0]
     torch.manual_seed(0)
@@ -583,13 +593,12 @@ def test_projections_sharing_an_input_run_as_one_gemm_per_format(engines):
         assert shapes in ([("QuantLinear", "fp8", 2), ("Tensor", "bf16", 2)], [("QuantLinear", "fp8", 3)]), shapes
         seen.add(len(runs))
         x = torch.randn(2, 3, runs[0][0].in_features)
-        fused_out = project(mixer, x, names)
+        fused_out = project(mixer, x, names, REFERENCE)
         one_by_one = [getattr(mixer, n)(x) if isinstance(getattr(mixer, n), QuantLinear)
                       else F.linear(x, getattr(mixer, n).weight) for n in names]
         for got, want in zip(fused_out, one_by_one, strict=True):
             assert torch.equal(got, want)
         fused = runs[0][0]
-        assert fused.use_kernel is False  # the plugin switch reaches the fused executors
         views = [getattr(mixer, n) for n in names[: len(runs[0][1])]]
         assert all(v.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr() for v in views)
     assert seen == {1, 2}
@@ -597,14 +606,14 @@ def test_projections_sharing_an_input_run_as_one_gemm_per_format(engines):
     assert layers[1].linear_attn.__dict__["_runs"][GDN][0][0] is runs_of_layer_1
 
 
-@pytest.mark.parametrize("use_plugins", [False, True], ids=["reference", "kernels"])
-def test_norms_write_the_fp8_inputs_of_the_fp8_layers_after_them(engines, monkeypatch, use_plugins):
+@pytest.mark.parametrize("policy", [REFERENCE, ALL_KERNELS], ids=["reference", "kernels"])
+def test_norms_write_the_fp8_inputs_of_the_fp8_layers_after_them(engines, monkeypatch, policy):
     """In the mixed engine the decoder's input norm and the GDN output norm also write the FP8 input (bytes and
     per-token scales) of the FP8 projections after them, instead of those layers quantizing it again: the hidden
     states equal those of the path where each FP8 layer quantizes its own input."""
     from ocria.models.quantized.linear import QuantLinear
 
-    engine = load_engine(engines["mixed"], use_plugins=use_plugins)
+    engine = load_engine(engines["mixed"], policy=policy)
     text = engine.target.text
     torch.manual_seed(0)
     embeds = torch.randn(1, 6, text.cfg.hidden_size)
@@ -614,11 +623,11 @@ def test_norms_write_the_fp8_inputs_of_the_fp8_layers_after_them(engines, monkey
     monkeypatch.setattr(QuantLinear, "_emulate_fp8",
                         lambda self, x, *out: calls.append(self.name) or real(self, x, *out))
     with torch.no_grad():
-        fused = text(embeds, pos)[0]
+        fused = text(embeds, pos, policy=policy)[0]
         own_in_fused = len(calls)
         monkeypatch.setattr(QuantLinear, "input_quant", property(lambda self: None))
         calls.clear()
-        separate = text(embeds, pos)[0]
+        separate = text(embeds, pos, policy=policy)[0]
     assert torch.equal(fused, separate)
     gdn = sum(1 for layer in list(text.layers)[1:] if hasattr(layer, "linear_attn"))
     attn = len(text.layers) - 1 - gdn

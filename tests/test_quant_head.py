@@ -3,6 +3,7 @@ the unified layout (untied from the BF16 embeddings), executed with fp32 logits,
 and shared by the drafter (its first draft-vocabulary rows too) with ``spec`` == ``ar``."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from ocria.builder.engine import build_engine
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
 from ocria.models.quantized.linear import QuantLinear
 from ocria.plugins import numerics as nx
+from ocria.plugins.policy import ALL_KERNELS, KERNEL_NAMES, REFERENCE, ExecutionPolicy
 from ocria.quant.direct import quantize_in_place
 from ocria.quant.head import head_weight_tensors
 from ocria.quant.modelopt_cfg import quant_cfg
@@ -25,6 +27,9 @@ from ocria.runtime.processor import PreparedPrompt
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
 RULES = [{"match": "model.language_model.layers.*", "format": "fp8"}]
+
+# the FP8 layers' and the head's decode GEMM in the interpreter, every other op its reference (tested elsewhere)
+FP8_DECODE_GEMM = replace(ALL_KERNELS, disabled=frozenset(KERNEL_NAMES) - {"decode_gemm_fp8"})
 
 
 def _recipe(head: dict | str | None, **more):
@@ -80,15 +85,14 @@ def test_calibration_free_head_scales_follow_modelopt(scale):
     assert torch.equal(t["weight"][3].view(torch.uint8), torch.zeros(32, dtype=torch.uint8))
 
 
-@pytest.mark.parametrize("use_kernel", [False, True], ids=["reference", "interpreter"])
-def test_fp8_head_logits_are_fp32_sums_and_rows_are_views(use_kernel):
+@pytest.mark.parametrize("policy", [REFERENCE, ALL_KERNELS], ids=["reference", "interpreter"])
+def test_fp8_head_logits_are_fp32_sums_and_rows_are_views(policy):
     g = torch.Generator().manual_seed(0)
     w = torch.randn(96, 64, generator=g)
     t = head_weight_tensors(w, HeadQuant("fp8", HeadScale.PER_CHANNEL))
     head = QuantLinear("fp8", t["weight"], None, t["weight_scale"], name="lm_head")
-    head.use_kernel = use_kernel
     x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
-    logits = head(x, out_fp32=True)
+    logits = head(x, policy, out_fp32=True)
     q, s = nx.quantize_fp8_per_token(x)
     exact = (nx.dequantize_fp8(q, s, torch.float32) @ head.dequantized_weight(torch.float32).T)
     assert logits.dtype == torch.float32
@@ -96,8 +100,8 @@ def test_fp8_head_logits_are_fp32_sums_and_rows_are_views(use_kernel):
     assert not torch.equal(logits, logits.to(torch.bfloat16).float())  # not rounded to bf16 on the way
     rows = head.rows(48)
     assert rows is head.rows(48) and rows.weight.data_ptr() == head.weight.data_ptr()  # made once, a view
-    assert rows.use_kernel == use_kernel and tuple(rows.weight_scale.shape) == (48,)
-    torch.testing.assert_close(rows(x, out_fp32=True), logits[:, :48], rtol=0, atol=0)
+    assert tuple(rows.weight_scale.shape) == (48,)
+    torch.testing.assert_close(rows(x, policy, out_fp32=True), logits[:, :48], rtol=0, atol=0)
     assert head(x).dtype == torch.bfloat16
 
 
@@ -149,7 +153,7 @@ def test_quantized_head_engine_decodes_spec_equal_to_ar(head_engine):
     assert len(out["ar"]) > 0 and out["spec"] == out["ar"]
 
 
-def _greedy(target, drafter, prompt, tokens: int, block: int) -> list[int]:
+def _greedy(target, drafter, prompt, tokens: int, block: int, policy: ExecutionPolicy) -> list[int]:
     """Greedy tokens from the runtime's own prefill and decode steps (``spec`` with a drafter, else ``ar``)."""
     length = prompt.input_ids.numel() + tokens + 2 * block
     tcache = TargetCache.allocate(target.text_config, 1, length, block, torch.float32)
@@ -157,19 +161,20 @@ def _greedy(target, drafter, prompt, tokens: int, block: int) -> list[int]:
     if drafter is not None:
         c = drafter.config
         dcache = DrafterCache.allocate(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, 1, length, torch.float32)
-    out = [int(prefill(target, drafter, tcache, dcache, 0, prompt).argmax(-1))]
+    out = [int(prefill(target, drafter, tcache, dcache, 0, prompt, policy=policy).argmax(-1))]
     zero = torch.zeros(1)
     params = SamplingTensors(zero, torch.ones(1), zero.long(), zero.long())
     slots = torch.zeros(1, dtype=torch.long)
     while len(out) < tokens:
         attn = int(tcache.kv_len[0]) + block
-        step = decode_step(target, drafter, tcache, dcache, slots, torch.tensor([out[-1]]), params, attn, True)
+        step = decode_step(target, drafter, tcache, dcache, slots, torch.tensor([out[-1]]), params, attn, True,
+                           policy)
         out += step.tokens[0, : int(step.accepted[0]) + 1].tolist()
     return out[:tokens]
 
 
-@pytest.mark.parametrize("use_kernel", [False, True], ids=["reference", "interpreter"])
-def test_tiny_model_with_fp8_head_keeps_spec_equal_to_ar(tmp_path, use_kernel):
+@pytest.mark.parametrize("policy", [REFERENCE, FP8_DECODE_GEMM], ids=["reference", "interpreter"])
+def test_tiny_model_with_fp8_head_keeps_spec_equal_to_ar(tmp_path, policy):
     """A tied tiny target with FP8 layers and an FP8 head; its drafter drafts from the head's first 48 rows, and
     the target's verify blocks get the logits its one-token steps get."""
     cfg = vlm_config(text_config(tie_word_embeddings=True, vocab_size=96))
@@ -183,13 +188,12 @@ def test_tiny_model_with_fp8_head_keeps_spec_equal_to_ar(tmp_path, use_kernel):
     drafter.bind(target.text.embed_tokens, target.lm_head)
     target.text.fuse_projections()
     drafter.fuse_projections()
-    target.lm_head.use_kernel = use_kernel  # the head's FP8 decode GEMM (interpreter); the rest is covered elsewhere
     ids, grid = image_prompt((4, 4))
     prompt = PreparedPrompt(ids, pixels(grid, cfg["vision_config"], torch.Generator().manual_seed(5)), grid)
     with torch.no_grad():
         block = drafter.config.block_size
-        ar, spec = _greedy(target, None, prompt, 14, block), _greedy(target, drafter, prompt, 14, block)
+        ar, spec = (_greedy(target, d, prompt, 14, block, policy) for d in (None, drafter))
         hidden = torch.randn(1, 3, cfg["text_config"]["hidden_size"])
-        draft_logits = drafter.head(hidden)
-    torch.testing.assert_close(draft_logits, target.lm_head(hidden)[..., :48], rtol=0, atol=0)
+        draft_logits = drafter.head(hidden, policy)
+    torch.testing.assert_close(draft_logits, target.lm_head(hidden, policy)[..., :48], rtol=0, atol=0)
     assert ar == spec

@@ -5,17 +5,19 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere in this process
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from ocria.errors import CheckpointError, OcriaError
+from ocria.errors import CheckpointError
 from ocria.models.quantized.linear import QuantLinear, detect_format, mlp_forward
 from ocria.plugins import numerics as nx
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
 from ocria.plugins.fp4_gemm.kernel import default_config, nvfp4_gemm_triton
+from ocria.plugins.policy import ALL_KERNELS, DEFAULT_LAUNCH, Launch
 from ocria.plugins.silu_quant import silu_mul
-from ocria.plugins.switch import batch_invariant_rows
 
 
 def _nvfp4_weight(n: int, k: int, seed: int = 0):
@@ -46,8 +48,9 @@ def test_nvfp4_gemm_small_tiles_and_leading_dims():
     got = nvfp4_gemm_triton(x, packed, scales, gs, cfg)
     torch.testing.assert_close(got.float(), nvfp4_gemm_reference(x, packed, scales, gs).float(), rtol=8e-3, atol=1e-3)
     # (opcheck's schema test cannot clone float8 inputs on CPU; the fake impl is what graphs need)
-    torch.library.opcheck(torch.ops.ocria.nvfp4_gemm.default, (x, packed, scales, gs), test_utils="test_faketensor")
-    torch.testing.assert_close(nvfp4_gemm(x, packed, scales, gs, use_kernel=True), got)
+    torch.library.opcheck(torch.ops.ocria.nvfp4_gemm.default, (x, packed, scales, gs, 0),
+                          test_utils="test_faketensor")
+    torch.testing.assert_close(nvfp4_gemm(x, packed, scales, gs, policy=ALL_KERNELS), got)
 
 
 @pytest.mark.parametrize("slices", [2, 3])
@@ -93,7 +96,7 @@ def test_nvfp4_gemv_for_one_row_matches_the_reference(n, k, cfg):
 
 
 def test_nvfp4_gemv_runs_for_one_row_unless_set_aside(monkeypatch):
-    """M = 1 launches the GEMV; more rows, an explicit tile config or OCRIA_DISABLE_KERNELS=nvfp4_gemv launch the
+    """M = 1 launches the GEMV; more rows, an explicit tile config or the ``nvfp4_gemv`` path disabled launch the
     tensor-core kernel."""
     from ocria.plugins.fp4_gemm import kernel
 
@@ -105,25 +108,24 @@ def test_nvfp4_gemv_runs_for_one_row_unless_set_aside(monkeypatch):
     assert len(launches) == 1
     two = nvfp4_gemm_triton(x, packed, scales, gs)
     mma = nvfp4_gemm_triton(x[:1], packed, scales, gs, default_config(1, 48))
-    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "nvfp4_gemv")
-    assert torch.equal(nvfp4_gemm_triton(x[:1], packed, scales, gs), mma)
+    assert torch.equal(nvfp4_gemm_triton(x[:1], packed, scales, gs, launch=DEFAULT_LAUNCH & ~Launch.NVFP4_GEMV), mma)
     assert len(launches) == 1
     torch.testing.assert_close(one.float(), two[:1].float(), rtol=8e-3, atol=1e-3 * two.float().abs().max().item())
 
 
 def test_nvfp4_rows_are_batch_invariant_in_a_verify_step(monkeypatch):
-    """Inside ``batch_invariant_rows()``: no GEMV for one row and the 16-row tiles at every M (40 rows are three
-    row tiles), so each row has the same bits alone or among 40, whose own default would be 64-row tiles."""
+    """In a batch-invariant step (``Launch.INVARIANT``): no GEMV for one row and the 16-row tiles at every M (40 rows
+    are three row tiles), so each row has the same bits alone or among 40, whose own default would be 64-row tiles."""
     from ocria.plugins.fp4_gemm import kernel
 
     monkeypatch.setattr(kernel, "nvfp4_gemv_launch", lambda *a, **kw: pytest.fail("GEMV in a batch-invariant step"))
     packed, scales, gs = _nvfp4_weight(4112, 48, seed=9)
     x = torch.randn(40, 48, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
     assert default_config(40, 4112)["BLOCK_M"] != default_config(1, 4112)["BLOCK_M"]
-    with batch_invariant_rows():
-        full = nvfp4_gemm_triton(x, packed, scales, gs)
-        for m in (0, 21, 39):
-            assert torch.equal(nvfp4_gemm_triton(x[m:m + 1], packed, scales, gs)[0], full[m])
+    step = ALL_KERNELS.for_steps().launch()
+    full = nvfp4_gemm_triton(x, packed, scales, gs, launch=step)
+    for m in (0, 21, 39):
+        assert torch.equal(nvfp4_gemm_triton(x[m:m + 1], packed, scales, gs, launch=step)[0], full[m])
     torch.testing.assert_close(full.float(), nvfp4_gemm_reference(x, packed, scales, gs).float(), rtol=8e-3,
                                atol=1e-3 * full.float().abs().max().item())  # fmt: skip
 
@@ -135,20 +137,6 @@ def test_nvfp4_gemm_rejects_mismatched_weight():
     with pytest.raises(ValueError, match="SLICES=0"):
         nvfp4_gemm_triton(torch.randn(2, 64).to(torch.bfloat16), packed, scales, gs,
                           {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 64, "SLICES": 0})
-
-
-def test_nvfp4_ptx_is_on_by_default_and_set_aside_by_name(monkeypatch):
-    """The PTX dequantization is a default path now: OCRIA_DISABLE_KERNELS=nvfp4_ptx (the documented way back to
-    integer unpacking) must parse, and it can no longer be named as opt-in."""
-    from ocria.plugins.switch import disabled_kernels, enabled_kernels
-
-    monkeypatch.delenv("OCRIA_DISABLE_KERNELS", raising=False)
-    assert "nvfp4_ptx" not in disabled_kernels()
-    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "nvfp4_ptx")
-    assert "nvfp4_ptx" in disabled_kernels()
-    monkeypatch.setenv("OCRIA_ENABLE_KERNELS", "nvfp4_ptx")
-    with pytest.raises(OcriaError, match="unknown kernel 'nvfp4_ptx'"):
-        enabled_kernels()
 
 
 mtq = pytest.importorskip("modelopt.torch.quantization")
@@ -201,8 +189,7 @@ def test_nvfp4_layer_dequantizes_like_modelopt_and_runs_weight_only():
     assert torch.equal(qt, mo)
     torch.testing.assert_close(layer(x), x @ mo.t(), rtol=0, atol=0)
     xb = x.to(torch.bfloat16)
-    layer.use_kernel = True  # the Triton GEMM in the interpreter
-    torch.testing.assert_close(layer(xb).float(), xb.float() @ mo.t(), rtol=8e-3, atol=2e-3)
+    torch.testing.assert_close(layer(xb, ALL_KERNELS).float(), xb.float() @ mo.t(), rtol=8e-3, atol=2e-3)  # Triton
 
 
 def test_fp8_dynamic_layer_without_input_scale():
@@ -253,12 +240,11 @@ def test_fp8_decode_rows_run_the_decode_gemm():
         ws = (w.abs().amax() / 448).reshape(1)
         layers.append(QuantLinear("fp8", nx.quantize_fp8(w, ws), weight_scale=ws))
     fused = QuantLinear.concat(layers)
-    fused.use_kernel = True
     x = torch.randn(3, 32).to(torch.bfloat16)
     q, s = nx.quantize_fp8_per_token(x)
-    got = fused(x)
+    got = fused(x, ALL_KERNELS)
     assert torch.equal(got, decode_gemm_fp8_triton(q, fused.weight, s, fused.weight_scale))
-    fused.use_kernel = None  # CPU default: the emulation, within bf16 rounding of it
+    # CPU default: the emulation, within bf16 rounding of it
     torch.testing.assert_close(got.float(), fused(x).float(), rtol=1e-2, atol=1e-2)
 
 
@@ -271,7 +257,8 @@ def test_mlp_forward_fp8_down_takes_fused_quantized_input():
     down = QuantLinear("fp8", nx.quantize_fp8(w, ws), weight_scale=ws, input_scale=in_scale)
     x = torch.randn(4, hidden).to(torch.bfloat16)
     got = mlp_forward(x, gate_up, down)
-    assert torch.equal(mlp_forward(x, gate_up, down, use_kernel=True), got)  # fused kernel (interpreter)
+    fused_silu = replace(ALL_KERNELS, disabled=frozenset({"decode_gemm_fp8"}))  # the layer's GEMM as before
+    assert torch.equal(mlp_forward(x, gate_up, down, policy=fused_silu), got)  # fused SiLU-quant (interpreter)
     h = silu_mul(x @ gate_up.weight.t())
     hq = nx.dequantize_fp8(nx.quantize_fp8(h, in_scale), in_scale, torch.bfloat16)
     expect = hq @ nx.dequantize_fp8(down.weight, ws, torch.bfloat16).t()

@@ -16,14 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ocria.errors import OcriaError
+from ocria.plugins.policy import ALL_KERNELS, DEFAULT_LAUNCH, REFERENCE, ExecutionPolicy, Launch
 from ocria.plugins.replay_ssm import reference as R
-from ocria.plugins.replay_ssm.ops import causal_conv_verify, kernel_enabled, replay_verify
-from ocria.plugins.switch import batch_invariant_rows
+from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 
 if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
 from ocria.plugins.replay_ssm.kernel import key_chunking, launch_config, replay_verify_kernel, token_rows  # noqa: E402
+
+STEP = ALL_KERNELS.for_steps()  # the policy of a batch-invariant decode step
 
 
 def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
@@ -40,7 +41,7 @@ def _gdn_step64(S, q, k, v, a, b, A_log, dt_bias):
     return S, torch.einsum("hkv,hk->hv", S, q)
 
 
-def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=None, ts=None, launch=None,
+def _run(policy: ExecutionPolicy, dtype: torch.dtype, seed: int, steps: int = 5, shape=None, ts=None, launch=None,
          pending_seen=None):  # fmt: skip
     """Drive the plugin through `steps` verify/accept rounds; yield (name, got, expected) pairs.
 
@@ -91,13 +92,13 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=
         q, k, v = rand(B, T, Hk, Dk).to(dtype), rand(B, T, Hk, Dk).to(dtype), rand(B, T, Hv, Dv).to(dtype)
         a, b = rand(B, T, Hv).to(dtype), rand(B, T, Hv).to(dtype)
 
-        y = causal_conv_verify(x, conv_w.float(), conv_buf, pending_len, slot_ids, use_kernel=use_kernel)
+        y = causal_conv_verify(x, conv_w.float(), conv_buf, pending_len, slot_ids, policy=policy)
         verify_args = (q, k, v, a, b, A_log.float(), dt_bias.float(), state, ring_k, ring_u, ring_g, ring_phase,
                        pending_len, slot_ids)  # fmt: skip
         if pending_seen is not None:
             pending_seen.extend((T, int(n)) for n in pending_len[slot_ids])
         if launch is None:
-            o = replay_verify(*verify_args, use_kernel=use_kernel)
+            o = replay_verify(*verify_args, policy=policy)
         else:
             o = replay_verify_kernel(*verify_args, **launch)
 
@@ -125,13 +126,13 @@ def _run(use_kernel: bool, dtype: torch.dtype, seed: int, steps: int = 5, shape=
             yield "conv window", conv_buf[slot_of[i], n : n + KW - 1], torch.stack(conv_hist[i][-(KW - 1) :])
 
 
-@pytest.mark.parametrize("use_kernel", [False, True], ids=["reference", "triton"])
+@pytest.mark.parametrize("policy", [REFERENCE, ALL_KERNELS], ids=["reference", "triton"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_replay_matches_float64_recurrence(use_kernel, dtype, seed):
+def test_replay_matches_float64_recurrence(policy, dtype, seed):
     out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     n_checked = 0
-    for name, got, want in _run(use_kernel, dtype, seed):
+    for name, got, want in _run(policy, dtype, seed):
         tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
         n_checked += 1
@@ -145,11 +146,10 @@ def test_batch_invariant_kernel_matches_float64_recurrence(dtype):
     out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     seen = []
     ts = [1, 6, 1, 5, 1, 1, 4]
-    with batch_invariant_rows():
-        for name, got, want in _run(True, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts,
-                                    pending_seen=seen):  # fmt: skip
-            tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
+    for name, got, want in _run(ALL_KERNELS.for_steps(), dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts,
+                                pending_seen=seen):  # fmt: skip
+        tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
     assert {min(n, 2) for T, n in seen if T > 1} == {0, 1, 2}
 
 
@@ -167,26 +167,25 @@ def test_batch_invariant_block_gives_each_token_its_one_token_bits():
         return [state0.clone(), torch.zeros(3, 2, Tmax, Hk, Dk), torch.zeros(3, 2, Tmax, Hv, Dv),
                 torch.zeros(3, 2, Tmax, Hv), torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)]
 
-    def step(buf, rows, t0, t1, sl):
+    def step(buf, rows, t0, t1, sl, policy=STEP):
         o = replay_verify(q[rows, t0:t1], k[rows, t0:t1], v[rows, t0:t1], a[rows, t0:t1], b[rows, t0:t1], A_log,
-                          dt_bias, *buf, sl, use_kernel=True)  # fmt: skip
+                          dt_bias, *buf, sl, policy=policy)  # fmt: skip
         buf[4][sl] ^= 1
         buf[5][sl] = t1 - t0  # all accepted
         return o
 
-    with batch_invariant_rows():
-        blocked, alone = fresh(), fresh()
-        block = step(blocked, slice(0, 2), 0, T, slots)
-        ones = torch.cat([step(alone, slice(1, 2), t, t + 1, slots[1:]) for t in range(T)], 1)
-        assert torch.equal(ones[0], block[1])
-        empty = (slice(0, 0), 0, 0, slots[:0])
-        step(blocked, *empty), step(alone, *empty)
-        last = slots[1:]
-        for buf in (blocked, alone):  # one more token each, folding the pending ones in the kernel
-            buf[5][last] = torch.tensor([T if buf is blocked else 1], dtype=torch.int32)
-        assert torch.equal(step(blocked, slice(1, 2), 0, 1, last), step(alone, slice(1, 2), 0, 1, last))
-        assert torch.equal(blocked[0][2], alone[0][2])
-    chunked = step(fresh(), slice(0, 2), 0, T, slots)
+    blocked, alone = fresh(), fresh()
+    block = step(blocked, slice(0, 2), 0, T, slots)
+    ones = torch.cat([step(alone, slice(1, 2), t, t + 1, slots[1:]) for t in range(T)], 1)
+    assert torch.equal(ones[0], block[1])
+    empty = (slice(0, 0), 0, 0, slots[:0])
+    step(blocked, *empty), step(alone, *empty)
+    last = slots[1:]
+    for buf in (blocked, alone):  # one more token each, folding the pending ones in the kernel
+        buf[5][last] = torch.tensor([T if buf is blocked else 1], dtype=torch.int32)
+    assert torch.equal(step(blocked, slice(1, 2), 0, 1, last), step(alone, slice(1, 2), 0, 1, last))
+    assert torch.equal(blocked[0][2], alone[0][2])
+    chunked = step(fresh(), slice(0, 2), 0, T, slots, ALL_KERNELS)
     assert not torch.equal(chunked, block)
     torch.testing.assert_close(chunked, block, rtol=1e-4, atol=1e-5)
 
@@ -200,7 +199,7 @@ def test_narrow_column_tiles_match_float64_recurrence(block_v, dtype):
     out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     seen = []
     ts = [1, 6, 1, 5, 1, 1, 4]
-    for name, got, want in _run(True, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts,
+    for name, got, want in _run(ALL_KERNELS, dtype, 8, steps=len(ts), shape=(1, 2, 16, 64, 8), ts=ts,
                                 launch=dict(block_v=block_v), pending_seen=seen):  # fmt: skip
         tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
@@ -218,7 +217,7 @@ def test_block_kernel_key_chunks_match_float64_recurrence(key_chunk, stages, Dk,
     seen = []
     ts = [5, 3, 8, 1, 6]
     launch = dict(block_v=16, key_chunk=key_chunk, stages=stages)
-    for name, got, want in _run(True, dtype, 7, steps=len(ts), shape=(1, 2, Dk, 32, 8), ts=ts, launch=launch,
+    for name, got, want in _run(ALL_KERNELS, dtype, 7, steps=len(ts), shape=(1, 2, Dk, 32, 8), ts=ts, launch=launch,
                                 pending_seen=seen):  # fmt: skip
         tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
@@ -235,7 +234,7 @@ def test_deep_grid_launch_matches_float64_recurrence(monkeypatch, dtype):
     out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     for shape in ((1, 2, 64, 32, 8), (2, 8, 16, 32, 8)):  # two key chunks; 4 value heads per key head
         ts = [5, 3, 8, 1, 6]
-        for name, got, want in _run(True, dtype, 7, steps=len(ts), shape=shape, ts=ts, launch=dict(block_v=32)):
+        for name, got, want in _run(ALL_KERNELS, dtype, 7, steps=len(ts), shape=shape, ts=ts, launch=dict(block_v=32)):
             tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, name=name: f"{name}: {m}")
 
@@ -270,7 +269,8 @@ def test_deep_grid_block_launch_caps_registers_for_five_programs_per_sm(monkeypa
     out_tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
     for launch in (None, dict(block_v=64)):
         spy.launches.clear()
-        for name, got, want in _run(True, dtype, 3, steps=3, shape=(1, 2, 64, 64, 8), ts=[5, 1, 8], launch=launch):
+        for name, got, want in _run(ALL_KERNELS, dtype, 3, steps=3, shape=(1, 2, 64, 64, 8), ts=[5, 1, 8],
+                                    launch=launch):
             tol = out_tol if name in ("output", "conv output") else dict(rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, n=name: f"{n}: {m}")
         cap = auto_cap if launch is None else None
@@ -305,7 +305,7 @@ def test_nothing_pending_leaves_state_bit_identical():
         verify = list(verify)
         verify[12] = torch.zeros_like(verify[12])
         mine, theirs = [t.clone() for t in verify], [t.clone() for t in verify]
-        torch.testing.assert_close(replay_verify(*mine, use_kernel=True), R.replay_verify_ref(*theirs),
+        torch.testing.assert_close(replay_verify(*mine, policy=ALL_KERNELS), R.replay_verify_ref(*theirs),
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
         assert torch.equal(mine[7], verify[7])
 
@@ -330,7 +330,7 @@ def test_kernel_and_reference_agree_on_buffers():
     for op, ref, args in cases:
         mine = [t.clone() for t in args]
         theirs = [t.clone() for t in args]
-        torch.testing.assert_close(op(*mine, use_kernel=True), ref(*theirs), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(op(*mine, policy=ALL_KERNELS), ref(*theirs), rtol=1e-4, atol=1e-5)
         for got, want in zip(mine, theirs, strict=True):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
@@ -357,14 +357,14 @@ def test_kernels_read_strided_token_rows(T, B):
                                  (causal_conv_verify, conv, strided_conv, 1)):
         plain = [t.clone() for t in args]
         views = [*strided[:n], *(t.clone() for t in args[n:])]
-        assert torch.equal(op(*plain, use_kernel=True), op(*views, use_kernel=True))
+        assert torch.equal(op(*plain, policy=ALL_KERNELS), op(*views, policy=ALL_KERNELS))
         assert all(torch.equal(x, y) for x, y in zip(plain[n:], views[n:], strict=True))
 
 
 def test_opcheck():
     verify, conv = _small_case()
-    torch.library.opcheck(torch.ops.ocria.replay_verify.default, verify)
-    torch.library.opcheck(torch.ops.ocria.causal_conv_verify.default, conv)
+    torch.library.opcheck(torch.ops.ocria.replay_verify.default, (*verify, 0))
+    torch.library.opcheck(torch.ops.ocria.causal_conv_verify.default, (*conv, 0))
 
 
 def test_ops_compile_whole_and_mutate_their_buffers_as_eager():
@@ -375,37 +375,15 @@ def test_ops_compile_whole_and_mutate_their_buffers_as_eager():
     for op, args in ((torch.ops.ocria.replay_verify, verify), (torch.ops.ocria.causal_conv_verify, conv)):
         torch._dynamo.reset()
         eager, compiled = [t.clone() for t in args], [t.clone() for t in args]
-        want = op(*eager)
+        want = op(*eager, 0)
 
         def f(*xs, op=op):
-            out = op(*xs)
+            out = op(*xs, 0)
             return out, out.new_zeros(out.shape)
 
         got, zeros = torch.compile(f, backend="aot_eager", fullgraph=True)(*compiled)
         assert torch.equal(got, want) and zeros.shape == want.shape and zeros.dtype == want.dtype
         assert all(torch.equal(c, e) for c, e in zip(compiled, eager, strict=True))
-
-
-def test_switch():
-    assert kernel_enabled(torch.device("cuda")) is True
-    assert kernel_enabled(torch.device("cpu")) is False
-    assert kernel_enabled(torch.device("cpu"), use_kernel=True) is True
-    with pytest.raises(OcriaError, match="needs CUDA"):
-        kernel_enabled(torch.device("meta"), use_kernel=True)
-    verify, _ = _small_case(T=9, Tmax=8)
-    with pytest.raises(OcriaError, match="exceed the ring capacity"):
-        replay_verify(*verify, use_kernel=True)
-    verify, _ = _small_case(D=64)
-    with pytest.raises(OcriaError, match="block_v >= 128"):
-        replay_verify_kernel(*verify, block_v=64, num_warps=8)
-    verify, _ = _small_case()
-    buffers = [t.clone() for t in verify[7:]]
-    for bad in (24, 8):
-        with pytest.raises(OcriaError, match=f"key_chunk={bad}; use a power of two >= 16"):
-            replay_verify_kernel(*verify, key_chunk=bad)
-    with pytest.raises(OcriaError, match="stages=0; use 1 or more"):
-        replay_verify_kernel(*verify, stages=0)
-    assert all(torch.equal(t, before) for t, before in zip(verify[7:], buffers, strict=True))  # refused untouched
 
 
 def test_warp_specialized_kernel_needs_sm90_its_triton_and_its_shapes(monkeypatch):
@@ -432,7 +410,7 @@ def test_warp_specialized_kernel_needs_sm90_its_triton_and_its_shapes(monkeypatc
 
 def test_warp_specialized_kernel_takes_default_verify_blocks_only(monkeypatch):
     """Where the Hopper kernel is supported, a default T > 1 launch goes to it, with the token rows' strides, and
-    returns the output it wrote; T = 1, a tuned launch, a batch-invariant step, OCRIA_DISABLE_KERNELS=replay_ssm_ws
+    returns the output it wrote; T = 1, a tuned launch, a batch-invariant step, the ``replay_ssm_ws`` path disabled
     and key or query rows Triton cannot prove 16-byte aligned (its cp.async copies would not compile: seen on the
     H200 with a 1032-element row) stay on the Triton kernels and match the reference."""
     from ocria.plugins.replay_ssm import hopper
@@ -462,8 +440,6 @@ def test_warp_specialized_kernel_takes_default_verify_blocks_only(monkeypatch):
     matches_reference(_small_case(T=1)[0])
     matches_reference(verify, key_chunk=16)
     matches_reference(verify, block_v=16)
-    with batch_invariant_rows():
-        matches_reference(verify)
-    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "replay_ssm_ws")
-    matches_reference(verify)
+    matches_reference(verify, launch=DEFAULT_LAUNCH | Launch.INVARIANT)
+    matches_reference(verify, launch=DEFAULT_LAUNCH & ~Launch.REPLAY_SSM_WS)
     assert len(calls) == 1

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ocria.errors import OcriaError
+from ocria.plugins.policy import ALL_KERNELS, REFERENCE
 from ocria.plugins.rms_norm import (
     add_plain_rms_norm,
     add_rms_norm,
@@ -52,7 +53,7 @@ def test_zero_centred_norm_matches_reference(dtype, shape):
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 3).to(dtype)
     w = (torch.randn(shape[-1], generator=g) * 0.1).to(dtype)
-    got = rms_norm(x, w, 1e-6, 1.0, use_kernel=True)
+    got = rms_norm(x, w, 1e-6, 1.0, policy=ALL_KERNELS)
     want = rms_norm_reference(x, w, 1e-6, 1.0)
     assert got.dtype == dtype and got.shape == x.shape
     assert _ulps_apart(got, want) <= (1 if dtype == torch.bfloat16 else 8)
@@ -64,7 +65,7 @@ def test_gated_norm_matches_reference(dtype):
     x = torch.randn(2, 3, 4, 64, generator=g).to(dtype)
     z = (torch.randn(2, 3, 4, 64, generator=g) * 4).to(dtype)
     w = (1 + torch.randn(64, generator=g) * 0.1).to(dtype)
-    got = gated_rms_norm(x, z, w, 1e-6, use_kernel=True)
+    got = gated_rms_norm(x, z, w, 1e-6, policy=ALL_KERNELS)
     assert _ulps_apart(got, gated_rms_norm_reference(x, z, w, 1e-6)) <= (1 if dtype == torch.bfloat16 else 8)
 
 
@@ -74,69 +75,45 @@ def test_strided_rows_and_zero_rows():
     q = qg.chunk(2, dim=-1)[0]
     w = torch.randn(32, dtype=torch.bfloat16) * 0.1
     assert not q.is_contiguous()
-    assert _ulps_apart(rms_norm(q, w, 1e-6, 1.0, use_kernel=True), rms_norm_reference(q, w, 1e-6, 1.0)) <= 1
+    assert _ulps_apart(rms_norm(q, w, 1e-6, 1.0, policy=ALL_KERNELS), rms_norm_reference(q, w, 1e-6, 1.0)) <= 1
     empty = torch.empty(0, 3, 32)
-    assert rms_norm(empty, w.float(), 1e-6, 1.0, use_kernel=True).shape == empty.shape
+    assert rms_norm(empty, w.float(), 1e-6, 1.0, policy=ALL_KERNELS).shape == empty.shape
 
 
 def test_switch_autograd_and_errors():
     x = torch.randn(4, 16, requires_grad=True)
     w = torch.zeros(16, requires_grad=True)
-    rms_norm(x, w, 1e-6, 1.0, use_kernel=True).sum().backward()  # autograd takes the reference
+    rms_norm(x, w, 1e-6, 1.0, policy=ALL_KERNELS).sum().backward()  # autograd takes the reference
     assert x.grad is not None and w.grad is not None
     with pytest.raises(OcriaError, match="widths must agree"):
-        rms_norm(torch.randn(4, 16), torch.zeros(8), 1e-6, 1.0, use_kernel=True)
-    torch.library.opcheck(torch.ops.ocria.rms_norm.default, (torch.randn(3, 16), torch.randn(16), 1e-6, 1.0))
+        rms_norm(torch.randn(4, 16), torch.zeros(8), 1e-6, 1.0, policy=ALL_KERNELS)
+    torch.library.opcheck(torch.ops.ocria.rms_norm.default, (torch.randn(3, 16), torch.randn(16), 1e-6, 1.0, 0))
     torch.library.opcheck(torch.ops.ocria.gated_rms_norm.default,
-                          (torch.randn(3, 16), torch.randn(3, 16), torch.randn(16), 1e-6))
+                          (torch.randn(3, 16), torch.randn(3, 16), torch.randn(16), 1e-6, 0))
 
 
-def test_model_norms_take_the_plugin_switch():
-    """``target.set_plugins`` reaches every norm of the text model; the kernel path gives the reference's logits."""
+def test_the_policy_reaches_every_norm_of_the_model():
+    """The policy a forward is given reaches every norm of the text model (one ``ocria::`` norm launch per norm module
+    with the kernels, none with the references), and the kernel path gives the reference's hidden states."""
+    from torch.profiler import ProfilerActivity, profile
+
     from ocria.builder.presets import load_preset, random_models
 
     target, _ = random_models(load_preset("ocria-mini"), "cpu", torch.float32)
-    norms = [m for m in target.text.modules() if hasattr(m, "use_kernel") and "Norm" in type(m).__name__]
+    norms = [m for m in target.text.modules() if "Norm" in type(m).__name__]
     assert len(norms) == 1 + 2 * 8 + 2 * 2 + 6  # final, 2 per layer, q/k per attention layer, gated per GDN layer
     ids = torch.randint(7, 500, (2, 9))
     pos = torch.arange(9).expand(3, 2, 9)
-    with torch.no_grad():
-        target.set_plugins(False)
-        want, want_captured = target.text(target.text.embed_tokens(ids), pos, capture=(1, 5))
-        target.set_plugins(True)
-        assert all(m.use_kernel for m in norms)
-        got, got_captured = target.text(target.text.embed_tokens(ids), pos, capture=(1, 5))
+    out, launches = {}, {}
+    for name, policy in (("reference", REFERENCE), ("kernels", ALL_KERNELS)):
+        with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            out[name] = target.text(target.text.embed_tokens(ids), pos, capture=(1, 5), policy=policy)
+        launches[name] = sum(e.name.startswith("ocria::") and "norm" in e.name for e in prof.events())
+    assert launches == {"reference": 0, "kernels": len(norms)}
+    (want, want_captured), (got, got_captured) = out["reference"], out["kernels"]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for g, w in zip(got_captured, want_captured):  # layer outputs: the residual adds the norms fused
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-
-
-def test_one_kernel_can_be_set_aside_by_name(monkeypatch):
-    from ocria.plugins.switch import kernel_enabled
-
-    cuda = torch.device("cuda")
-    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "rms_norm, decode_attention")
-    assert not kernel_enabled(cuda, None, "rms_norm") and not kernel_enabled(cuda, None, "decode_attention")
-    assert kernel_enabled(cuda, None, "replay_ssm") and kernel_enabled(cuda, True, "rms_norm")  # explicit wins
-    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "rms_nrom")
-    with pytest.raises(OcriaError, match="unknown kernel 'rms_nrom'"):
-        kernel_enabled(cuda, None, "rms_norm")
-
-
-def test_opt_in_kernel_runs_only_when_enabled_by_name(monkeypatch):
-    from ocria.plugins.switch import kernel_enabled
-
-    cuda = torch.device("cuda")
-    monkeypatch.delenv("OCRIA_ENABLE_KERNELS", raising=False)
-    assert not kernel_enabled(cuda, None, "decode_gemm_norm") and kernel_enabled(cuda, None, "decode_gemm")
-    monkeypatch.setenv("OCRIA_ENABLE_KERNELS", "decode_gemm_norm")
-    assert kernel_enabled(cuda, None, "decode_gemm_norm")
-    monkeypatch.setenv("OCRIA_DISABLE_KERNELS", "decode_gemm_norm")  # set aside wins
-    assert not kernel_enabled(cuda, None, "decode_gemm_norm")
-    monkeypatch.delenv("OCRIA_DISABLE_KERNELS")
-    monkeypatch.setenv("OCRIA_ENABLE_KERNELS", "rms_norm")  # only opt-in kernels can be named
-    with pytest.raises(OcriaError, match="OCRIA_ENABLE_KERNELS: unknown kernel 'rms_norm'"):
-        kernel_enabled(cuda, None, "decode_gemm_norm")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -145,17 +122,17 @@ def test_add_rms_norm_writes_the_sum_and_its_norm(dtype):
     x = (torch.randn(5, 3, 96) * 3).to(dtype)
     r = torch.randn(5, 3, 96).to(dtype)
     w = (torch.randn(96) * 0.1).to(dtype)
-    got_sum, got = add_rms_norm(x, r, w, 1e-6, 1.0, use_kernel=True)
+    got_sum, got = add_rms_norm(x, r, w, 1e-6, 1.0, policy=ALL_KERNELS)
     want_sum, want = add_rms_norm_reference(x, r, w, 1e-6, 1.0)
     assert torch.equal(got_sum, x + r) and torch.equal(want_sum, x + r)
     assert _ulps_apart(got, want) <= (1 if dtype == torch.bfloat16 else 8)
-    torch.library.opcheck(torch.ops.ocria.add_rms_norm.default, (x.float(), r.float(), w.float(), 1e-6, 1.0))
+    torch.library.opcheck(torch.ops.ocria.add_rms_norm.default, (x.float(), r.float(), w.float(), 1e-6, 1.0, 0))
     xb = x.bfloat16()  # under autocast the residual stream is fp32 and the branch bf16: PyTorch's promotion
-    mixed_sum, mixed = add_rms_norm(xb, r.float(), w, 1e-6, 1.0, use_kernel=True)
+    mixed_sum, mixed = add_rms_norm(xb, r.float(), w, 1e-6, 1.0, policy=ALL_KERNELS)
     want_mixed = add_rms_norm_reference(xb, r.float(), w, 1e-6, 1.0)[1]
     assert mixed_sum.dtype == torch.float32 and torch.equal(mixed, want_mixed)
     with pytest.raises(OcriaError, match="residual"):
-        add_rms_norm(x, r[..., :64], w, 1e-6, 1.0, use_kernel=True)
+        add_rms_norm(x, r[..., :64], w, 1e-6, 1.0, policy=ALL_KERNELS)
 
 
 
@@ -168,7 +145,7 @@ def test_plain_norm_matches_reference(dtype, shape):
     g = torch.Generator().manual_seed(sum(shape))
     x = (torch.randn(shape, generator=g) * 3).to(dtype)
     w = (1 + torch.randn(shape[-1], generator=g) * 0.5).to(dtype)
-    got = plain_rms_norm(x, w, 1e-6, use_kernel=True)
+    got = plain_rms_norm(x, w, 1e-6, policy=ALL_KERNELS)
     want = plain_rms_norm_reference(x, w, 1e-6)
     assert got.dtype == dtype and got.shape == x.shape
     assert _ulps_apart(got, want) <= (2 if dtype == torch.bfloat16 else 8)
@@ -184,15 +161,15 @@ def test_add_plain_rms_norm_writes_the_sum_and_its_norm(dtype):
     x = (torch.randn(2, 16, 256) * 3).to(dtype)
     r = torch.randn(2, 16, 256).to(dtype)
     w = (1 + torch.randn(256) * 0.5).to(dtype)
-    got_sum, got = add_plain_rms_norm(x, r, w, 1e-6, use_kernel=True)
+    got_sum, got = add_plain_rms_norm(x, r, w, 1e-6, policy=ALL_KERNELS)
     want_sum, want = add_plain_rms_norm_reference(x, r, w, 1e-6)
     assert torch.equal(got_sum, x + r) and torch.equal(want_sum, x + r)
     assert _ulps_apart(got, want) <= (2 if dtype == torch.bfloat16 else 8)
     strided = torch.randn(2, 16, 2 * 256).to(dtype)[..., 256:]  # a column slice is read in place
-    assert _ulps_apart(add_plain_rms_norm(strided, r, w, 1e-6, use_kernel=True)[1],
+    assert _ulps_apart(add_plain_rms_norm(strided, r, w, 1e-6, policy=ALL_KERNELS)[1],
                        add_plain_rms_norm_reference(strided, r, w, 1e-6)[1]) <= (2 if dtype == torch.bfloat16 else 8)
-    torch.library.opcheck(torch.ops.ocria.add_plain_rms_norm.default, (x.float(), r.float(), w.float(), 1e-6))
-    torch.library.opcheck(torch.ops.ocria.plain_rms_norm.default, (x.float(), w.float(), 1e-6))
+    torch.library.opcheck(torch.ops.ocria.add_plain_rms_norm.default, (x.float(), r.float(), w.float(), 1e-6, 0))
+    torch.library.opcheck(torch.ops.ocria.plain_rms_norm.default, (x.float(), w.float(), 1e-6, 0))
 
 
 def test_plain_norm_mixed_dtypes_and_autograd_take_the_reference():
@@ -200,15 +177,15 @@ def test_plain_norm_mixed_dtypes_and_autograd_take_the_reference():
     reference runs; so does autograd. The kernel itself refuses the mixed product in one line."""
     x = torch.randn(4, 64).bfloat16()
     w = 1 + torch.randn(64) * 0.5
-    got = plain_rms_norm(x, w, 1e-6, use_kernel=True)
+    got = plain_rms_norm(x, w, 1e-6, policy=ALL_KERNELS)
     assert got.dtype == torch.float32 and torch.equal(got, plain_rms_norm_reference(x, w, 1e-6))
-    mixed_sum, mixed = add_plain_rms_norm(x, x.float(), w.bfloat16(), 1e-6, use_kernel=True)
+    mixed_sum, mixed = add_plain_rms_norm(x, x.float(), w.bfloat16(), 1e-6, policy=ALL_KERNELS)
     assert mixed_sum.dtype == torch.float32 and torch.equal(mixed, plain_rms_norm_reference(x + x.float(),
                                                                                            w.bfloat16(), 1e-6))
     with pytest.raises(OcriaError, match="product"):
-        torch.ops.ocria.plain_rms_norm(x, w, 1e-6)
+        torch.ops.ocria.plain_rms_norm(x, w, 1e-6, 0)
     xg, wg = torch.randn(4, 64, requires_grad=True), torch.ones(64, requires_grad=True)
-    add_plain_rms_norm(xg, xg, wg, 1e-6, use_kernel=True)[1].sum().backward()
+    add_plain_rms_norm(xg, xg, wg, 1e-6, policy=ALL_KERNELS)[1].sum().backward()
     assert xg.grad is not None and wg.grad is not None
 
 
@@ -231,40 +208,41 @@ def test_norm_rope_matches_norm_then_models_rotary(dtype, plain, rot):
     norm = plain_rms_norm(x, w, 1e-6) if plain else rms_norm(x, w, 1e-6, 1.0)
     want = apply_rotary(norm, cos[:, :, None], sin[:, :, None])
     assert torch.equal(rms_norm_rope_reference(x, w, cos, sin, 1e-6, 1.0, plain), want)
-    got = rms_norm_rope(x, w, cos, sin, 1e-6, 1.0, plain, use_kernel=True)
+    got = rms_norm_rope(x, w, cos, sin, 1e-6, 1.0, plain, policy=ALL_KERNELS)
     assert got.dtype == dtype and got.shape == x.shape
-    kernel_norm = plain_rms_norm(x, w, 1e-6, use_kernel=True) if plain else rms_norm(x, w, 1e-6, 1.0, use_kernel=True)
+    kernel_norm = (plain_rms_norm(x, w, 1e-6, policy=ALL_KERNELS) if plain
+                   else rms_norm(x, w, 1e-6, 1.0, policy=ALL_KERNELS))
     assert torch.equal(got, apply_rotary(kernel_norm, cos[:, :, None], sin[:, :, None]))
     torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 2**-7,
                                atol=1e-5 if dtype == torch.float32 else 2**-6)
     assert dtype == torch.float32 or float((got != want).float().mean()) <= 0.01
     strided = torch.randn(2, 5, 3, 256).to(dtype)[..., 128:]  # e.g. q of gated attention, read in place
-    strided_norm = (plain_rms_norm(strided, w, 1e-6, use_kernel=True) if plain
-                    else rms_norm(strided, w, 1e-6, 1.0, use_kernel=True))
-    assert torch.equal(rms_norm_rope(strided, w, cos, sin, 1e-6, 1.0, plain, use_kernel=True),
+    strided_norm = (plain_rms_norm(strided, w, 1e-6, policy=ALL_KERNELS) if plain
+                    else rms_norm(strided, w, 1e-6, 1.0, policy=ALL_KERNELS))
+    assert torch.equal(rms_norm_rope(strided, w, cos, sin, 1e-6, 1.0, plain, policy=ALL_KERNELS),
                        apply_rotary(strided_norm, cos[:, :, None], sin[:, :, None]))
     fused = torch.randn(2, 5, 3 * 128 + 200).to(dtype)  # k of a fused q/k/v GEMM: token stride 584, head 128
     split = fused[..., 72:72 + 3 * 128].view(2, 5, 3, 128)
-    split_norm = plain_rms_norm(split, w, 1e-6, use_kernel=True) if plain else rms_norm(split, w, 1e-6, 1.0,
-                                                                                           use_kernel=True)
-    assert torch.equal(rms_norm_rope(split, w, cos, sin, 1e-6, 1.0, plain, use_kernel=True),
+    split_norm = plain_rms_norm(split, w, 1e-6, policy=ALL_KERNELS) if plain else rms_norm(split, w, 1e-6, 1.0,
+                                                                                           policy=ALL_KERNELS)
+    assert torch.equal(rms_norm_rope(split, w, cos, sin, 1e-6, 1.0, plain, policy=ALL_KERNELS),
                        apply_rotary(split_norm, cos[:, :, None], sin[:, :, None]))
     torch.library.opcheck(torch.ops.ocria.rms_norm_rope.default,
-                          (x.float(), w.float(), cos.float(), sin.float(), 1e-6, 1.0, plain))
+                          (x.float(), w.float(), cos.float(), sin.float(), 1e-6, 1.0, plain, 0))
 
 
 def test_norm_rope_shapes_and_fallbacks():
     x, w = torch.randn(2, 5, 3, 64), torch.ones(64)
     cos, sin = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
     with pytest.raises(OcriaError, match="rope needs"):
-        rms_norm_rope(x, w, cos[:, :4], sin[:, :4], 1e-6, plain=True, use_kernel=True)
+        rms_norm_rope(x, w, cos[:, :4], sin[:, :4], 1e-6, plain=True, policy=ALL_KERNELS)
     with pytest.raises(OcriaError, match="rope needs"):
-        rms_norm_rope(x, w, cos[..., :63], sin[..., :63], 1e-6, plain=True, use_kernel=True)
-    half = rms_norm_rope(x, w, cos.bfloat16(), sin.bfloat16(), 1e-6, plain=True, use_kernel=True)  # promoted
+        rms_norm_rope(x, w, cos[..., :63], sin[..., :63], 1e-6, plain=True, policy=ALL_KERNELS)
+    half = rms_norm_rope(x, w, cos.bfloat16(), sin.bfloat16(), 1e-6, plain=True, policy=ALL_KERNELS)  # promoted
     assert half.dtype == torch.float32
     assert torch.equal(half, rms_norm_rope_reference(x, w, cos.bfloat16(), sin.bfloat16(), 1e-6, 0.0, True))
     xg = x.clone().requires_grad_()
-    rms_norm_rope(xg, w, cos, sin, 1e-6, plain=True, use_kernel=True).sum().backward()  # autograd: reference
+    rms_norm_rope(xg, w, cos, sin, 1e-6, plain=True, policy=ALL_KERNELS).sum().backward()  # autograd: reference
     assert xg.grad is not None
 
 
@@ -297,11 +275,11 @@ def test_add_rms_norm_fp8_writes_the_quantized_output(dtype, mode, scale):
     x[0, 1, 7] = float("nan")
     x[1, 2], r[1, 2] = 0.0, 0.0
     w = (torch.randn(96, generator=g) * 0.1).to(dtype)
-    s, y, q, tokens = add_rms_norm_fp8(x, r, w, 1e-6, 1.0, mode, scale, use_kernel=True)
-    s_plain, y_plain = add_rms_norm(x, r, w, 1e-6, 1.0, use_kernel=True)
+    s, y, q, tokens = add_rms_norm_fp8(x, r, w, 1e-6, 1.0, mode, scale, policy=ALL_KERNELS)
+    s_plain, y_plain = add_rms_norm(x, r, w, 1e-6, 1.0, policy=ALL_KERNELS)
     assert torch.equal(s.nan_to_num(), s_plain.nan_to_num()) and torch.equal(y.nan_to_num(), y_plain.nan_to_num())
     _same_fp8((q, tokens), fp8_reference(y, mode, scale))
-    ref = add_rms_norm_fp8(x, r, w, 1e-6, 1.0, mode, scale, use_kernel=False)
+    ref = add_rms_norm_fp8(x, r, w, 1e-6, 1.0, mode, scale, policy=REFERENCE)
     _same_fp8(ref[2:], fp8_reference(ref[1], mode, scale))
 
 
@@ -316,11 +294,11 @@ def test_gated_rms_norm_fp8_quantizes_each_token_over_its_heads(heads, mode, sca
     z = (torch.randn(2, 3, heads, 64, generator=g) * 4).to(torch.bfloat16)
     x[1, 0, heads - 1, 5] = float("nan")
     w = (1 + torch.randn(64, generator=g) * 0.1).to(torch.bfloat16)
-    q, tokens = gated_rms_norm_fp8(x, z, w, 1e-6, mode, scale, use_kernel=True)
+    q, tokens = gated_rms_norm_fp8(x, z, w, 1e-6, mode, scale, policy=ALL_KERNELS)
     assert q.shape == (2, 3, heads * 64) and (tokens is None if mode == "fp8_static" else tokens.shape == (2, 3, 1))
     if heads & (heads - 1) == 0:
         y, *fp8 = rms_norm_fp8_triton(x, w, 1e-6, mode, scale, z=z)
-        assert torch.equal(y.nan_to_num(), gated_rms_norm(x, z, w, 1e-6, use_kernel=True).nan_to_num())
+        assert torch.equal(y.nan_to_num(), gated_rms_norm(x, z, w, 1e-6, policy=ALL_KERNELS).nan_to_num())
         _same_fp8(tuple(fp8), fp8_reference(y, mode, scale, gated=True))
         _same_fp8((q, tokens), tuple(fp8))
     else:
@@ -332,11 +310,11 @@ def test_fp8_norm_ops_pass_opcheck_and_refuse_bad_modes():
 
     x, r = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(3, 64, dtype=torch.bfloat16)
     w = torch.zeros(64, dtype=torch.bfloat16)
-    torch.library.opcheck(torch.ops.ocria.add_rms_norm_fp8.default, (x, r, w, 1e-6, 1.0, "fp8_dynamic", None),
+    torch.library.opcheck(torch.ops.ocria.add_rms_norm_fp8.default, (x, r, w, 1e-6, 1.0, "fp8_dynamic", None, 0),
                           test_utils="test_faketensor")
     xh, zh = torch.randn(2, 4, 32, dtype=torch.bfloat16), torch.randn(2, 4, 32, dtype=torch.bfloat16)
     torch.library.opcheck(torch.ops.ocria.gated_rms_norm_fp8.default,
-                          (xh, zh, torch.ones(32, dtype=torch.bfloat16), 1e-6, "fp8_static", torch.tensor([0.1])),
+                          (xh, zh, torch.ones(32, dtype=torch.bfloat16), 1e-6, "fp8_static", torch.tensor([0.1]), 0),
                           test_utils="test_faketensor")
     with pytest.raises(OcriaError, match="FP8 output mode"):
         rms_norm_fp8_triton(x, w, 1e-6, "fp8_static", None, residual=r)

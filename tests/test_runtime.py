@@ -13,9 +13,9 @@ from PIL import Image
 from ocria.builder.engine import build_engine
 from ocria.errors import OcriaError
 from ocria.models import TargetCache
+from ocria.plugins.policy import ALL_KERNELS, AUTO, ExecutionPolicy
 from ocria.plugins.replay_ssm import ops as replay_ssm_ops
 from ocria.plugins.replay_ssm.reference import fold_pending
-from ocria.plugins.switch import batch_invariant, batch_invariant_rows
 from ocria.runtime import IncrementalDetokenizer, SamplingParams, load_engine
 from ocria.runtime.decode import prefill
 
@@ -43,8 +43,8 @@ class NoisyOracle:
     def __getattr__(self, name):
         return getattr(self.real, name)
 
-    def draft(self, last, cache, slots, attn_len=None):
-        logits, conf = self.real.draft(last, cache, slots, attn_len)
+    def draft(self, last, cache, slots, attn_len=None, policy=AUTO):
+        logits, conf = self.real.draft(last, cache, slots, attn_len, policy)
         vocab = logits.shape[-1]
         for i, s in enumerate(slots.tolist()):
             req = next(r for r in self.sched.running.values() if r.slot == s)
@@ -200,7 +200,7 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
     costs seconds: the example at half size (77 prompt tokens, not 150), and the selector's threshold at 0 so the
     oracle's drafts decide each accepted length. A verify step costs its 16 tokens whatever it accepts; without the
     threshold's early cuts, ten tokens take four steps, not eight, and the steps fold 0, 1 and 5 pending tokens."""
-    plugged = load_engine(engine.root, use_plugins=True)
+    plugged = load_engine(engine.root, policy=ALL_KERNELS)
     assert plugged.plugins == "triton"
     params = requests(plugged, 1, 0.0)[0][1]
     with Image.open(EXAMPLES[0]) as image:
@@ -234,23 +234,24 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
 
 
 def test_decode_steps_run_the_target_batch_invariant(engine, monkeypatch):
-    """Decode and verify steps run the target inside ``batch_invariant_rows()`` (prefill does not);
-    OCRIA_BATCH_INVARIANT=0 turns it off, and a value other than 0 or 1 is refused by name."""
+    """Decode and verify steps run the target under the engine policy's ``for_steps()`` (prefill does not); a policy
+    built with OCRIA_BATCH_INVARIANT=0 turns it off, and a value other than 0 or 1 stops the engine's load by name."""
     seen = []
     real = engine.target.logits
-    monkeypatch.setattr(engine.target, "logits", lambda hidden: (seen.append(batch_invariant()), real(hidden))[1])
+    monkeypatch.setattr(engine.target, "logits",
+                        lambda hidden, policy: (seen.append(policy.invariant_rows), real(hidden, policy))[1])
     prompt, params = requests(engine, 1, 0.0)[0]
     for mode in ("ar", "spec"):
         seen.clear()
         run_alone(engine, prompt, SamplingParams(**{**params.__dict__, "max_tokens": 4, "mode": mode}))
         assert seen[0] is False and len(seen) >= 2 and all(seen[1:]), (mode, seen)
-    monkeypatch.setenv("OCRIA_BATCH_INVARIANT", "0")
+    monkeypatch.setattr(engine, "policy", ExecutionPolicy.from_env(environ={"OCRIA_BATCH_INVARIANT": "0"}))
     seen.clear()
     run_alone(engine, prompt, SamplingParams(**{**params.__dict__, "max_tokens": 4, "mode": "spec"}))
     assert len(seen) >= 2 and not any(seen)
     monkeypatch.setenv("OCRIA_BATCH_INVARIANT", "yes")
-    with pytest.raises(OcriaError, match="OCRIA_BATCH_INVARIANT='yes'"), batch_invariant_rows():
-        pass
+    with pytest.raises(OcriaError, match="OCRIA_BATCH_INVARIANT='yes'"):
+        load_engine(engine.root)
 
 
 @pytest.mark.parametrize("size,mode", [((448, 288), "RGB"), ((1, 1), "RGB"), ((301, 77), "L"), ((33, 700), "RGBA"),

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from ocria.errors import OcriaError
+from ocria.plugins.policy import ALL_KERNELS
 from ocria.plugins.sigmoid_gate import sigmoid_gate, sigmoid_gate_reference
 from ocria.plugins.sigmoid_gate.kernel import sigmoid_gate_triton
 
@@ -25,7 +26,7 @@ def _ulps(a: torch.Tensor, b: torch.Tensor) -> int:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_kernel_matches_the_reference(dtype):
     o, gate = _case(dtype)
-    got = sigmoid_gate(o, gate, use_kernel=True)
+    got = sigmoid_gate(o, gate, policy=ALL_KERNELS)
     want = sigmoid_gate_reference(o, gate)
     assert got.shape == want.shape == (2, 3, 4 * 40) and got.dtype == dtype
     # exp differs by an ulp between numpy (the interpreter) and PyTorch's CPU kernels; the chain is the same
@@ -35,7 +36,7 @@ def test_kernel_matches_the_reference(dtype):
 def test_special_values_follow_the_reference():
     o, gate = _case(torch.bfloat16, B=1, T=1, H=1, D=8)
     gate[0, 0, 0, :] = torch.tensor([0.0, -0.0, 100.0, -100.0, float("inf"), -float("inf"), float("nan"), 1e-30])
-    got = sigmoid_gate(o, gate, use_kernel=True)
+    got = sigmoid_gate(o, gate, policy=ALL_KERNELS)
     want = sigmoid_gate_reference(o, gate)
     assert torch.equal(got.isnan(), want.isnan())
     assert torch.equal(got[~got.isnan()], want[~want.isnan()])
@@ -46,4 +47,4 @@ def test_mismatched_inputs_are_refused_by_the_kernel_and_run_the_reference():
     g64 = gate.double()
     with pytest.raises(OcriaError, match="sigmoid_gate kernel"):
         sigmoid_gate_triton(o, g64)
-    assert torch.equal(sigmoid_gate(o, g64, use_kernel=True), sigmoid_gate_reference(o, g64))
+    assert torch.equal(sigmoid_gate(o, g64, policy=ALL_KERNELS), sigmoid_gate_reference(o, g64))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ocria.plugins import numerics as nx
+from ocria.plugins.policy import ALL_KERNELS
 from ocria.plugins.silu_quant import (
     quantize_act,
     quantize_act_reference,
@@ -206,14 +207,14 @@ def test_custom_op_matches_reference_and_passes_opcheck(mode):
     torch.manual_seed(4)
     gate_up = (torch.randn(5, 2 * 32) * 2).to(torch.bfloat16)
     ref = silu_mul_quant_reference(gate_up, mode, SCALES[mode])
-    _assert_same(silu_mul_quant(gate_up, mode, SCALES[mode], use_kernel=True), ref)
+    _assert_same(silu_mul_quant(gate_up, mode, SCALES[mode], policy=ALL_KERNELS), ref)
     _assert_same(silu_mul_quant(gate_up, mode, SCALES[mode]), ref)  # CPU default: the reference
-    torch.library.opcheck(torch.ops.ocria.silu_mul_quant.default, (gate_up, mode, SCALES[mode]),
+    torch.library.opcheck(torch.ops.ocria.silu_mul_quant.default, (gate_up, mode, SCALES[mode], 0),
                           test_utils=("test_schema", "test_faketensor"))
     if mode != "bf16":
         x = gate_up[:, :32].contiguous()
         ref_q = quantize_act_reference(x, mode, SCALES[mode])
-        _assert_same(quantize_act(x, mode, SCALES[mode], use_kernel=True), ref_q)
+        _assert_same(quantize_act(x, mode, SCALES[mode], policy=ALL_KERNELS), ref_q)
 
 
 @pytest.mark.parametrize("mode", list(SCALES))
@@ -225,7 +226,7 @@ def test_custom_op_compiles_whole_and_gives_the_eager_bytes(mode):
     gate_up = (torch.randn(4, 2 * 32) * 2).to(torch.bfloat16)
 
     def f(x):
-        out, scales = torch.ops.ocria.silu_mul_quant(x * 2, mode, SCALES[mode])
+        out, scales = torch.ops.ocria.silu_mul_quant(x * 2, mode, SCALES[mode], 0)
         return out, scales, out.new_zeros(out.shape), scales.new_zeros(scales.shape)
 
     torch._dynamo.reset()

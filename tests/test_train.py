@@ -17,6 +17,7 @@ from ocria.data.splits import EVAL_SPLITS
 from ocria.errors import ConfigError, OcriaError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
 from ocria.models.gdn import gated_delta_rule
+from ocria.plugins.policy import REFERENCE
 from ocria.plugins.replay_ssm.reference import delta_step, l2norm
 from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
@@ -193,7 +194,7 @@ def _first_gdn_at_answer(model, batch, pixel_values):
     assert layer.layer_type == "linear_attention"
     x = model.embed(batch.input_ids, pixel_values, batch.image_grid_thw)
     cos, sin = model.text.rotary(batch.positions, x.dtype)
-    out, delta = layer(x, None, cos, sin, "full", None, None, None)
+    out, delta = layer(x, None, cos, sin, "full", None, None, None, None, REFERENCE)
     return (out + delta)[0, int(batch.prompt_len[0]) - 1]
 
 
@@ -418,11 +419,22 @@ def _trained_pair(tiny_preset):
     return target, drafter
 
 
-def test_trained_models_run_the_reference_ops(tiny_preset):
-    """Training needs autograd, which the plugin kernels do not have: both builders switch them off."""
-    target, drafter = _trained_pair(tiny_preset)
-    switches = [m.use_kernel for model in (target, drafter) for m in model.modules() if hasattr(m, "use_kernel")]
-    assert switches and all(s is False for s in switches)
+def test_training_runs_the_reference_ops(tiny_preset, batch):
+    """Training needs autograd, which the plugin kernels do not have: the target's loss and the drafter's block
+    forward run under ``REFERENCE`` (no ``ocria::`` op at all, kernels or not) and backpropagate."""
+    from torch.profiler import ProfilerActivity, profile
+
+    target = build_target(load_preset(tiny_preset).target, 0)
+    drafter = build_drafter(load_preset(tiny_preset).drafter, target, 1)
+    cfg = drafter.config
+    feats = torch.randn(1, 12, len(cfg.target_layer_ids) * cfg.hidden_size)
+    ids = torch.full((1, 2, cfg.block_size), cfg.mask_token_id)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        loss = target_loss(target, batch) + block_forward(drafter, feats, torch.tensor([[3, 8]]), ids)[0].sum()
+        loss.backward()
+    assert not [e.name for e in prof.events() if e.name.startswith("ocria::")]
+    grads = [p.grad for p in (*target.parameters(), *drafter.parameters()) if p.grad is not None]
+    assert grads and any(bool(g.abs().sum() > 0) for g in grads)
 
 
 def test_block_forward_equals_the_inference_drafting_path(tiny_preset):

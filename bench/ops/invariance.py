@@ -1,4 +1,4 @@
-"""Batch invariance of a kernel variant: inside ``batch_invariant_rows()`` each batch row's outputs are bit for bit
+"""Batch invariance of a kernel variant: inside ``switches.invariant_rows()`` each batch row's outputs are bit for bit
 the same computed alone, in the first half of the batch and in the whole batch."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.ops.registry import Inputs, OpBench, clone_inputs
-from ocria.plugins.switch import batch_invariant_rows
+from bench.ops.switches import invariant_rows
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def check_rows(op: OpBench, shape_name: str, variant: str, inputs: Inputs) -> In
     call = op.variants[variant].call
     fresh = (lambda i: clone_inputs(i)) if op.mutates else (lambda i: i)
     keep = 1 if op.mutates else None
-    with batch_invariant_rows():
+    with invariant_rows():
         whole = call(fresh(inputs))[:keep]
         batch = whole[0].shape[0]
         differing = []

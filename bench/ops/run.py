@@ -51,8 +51,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when available")
     ap.add_argument("--base", metavar="REV", default=None, help="also run the selection at git revision REV")
     ap.add_argument("--out", default=None, help="write the result JSON here")
-    ap.add_argument("--invariance", action="store_true", help="check each op's rows alone against inside a batch "
-                                                              "under batch_invariant_rows() instead of timing")
+    ap.add_argument("--invariance", action="store_true",
+                    help="check each op's rows alone against inside a batch, with batch-invariant rows (the "
+                         "policy's for_steps), instead of timing")
     ap.add_argument("--ptxas", action="store_true", help="compile the kernel variants for sm_90a (no GPU needed): "
                                                          "registers, spills, instructions")
     return ap.parse_args(argv)

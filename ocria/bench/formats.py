@@ -71,7 +71,7 @@ def _check_args(args: argparse.Namespace) -> tuple[tuple[int, ...], tuple[str, .
     return rows, formats
 
 
-def executors(fmt: str, weight, use_kernel: bool | None):
+def executors(fmt: str, weight, policy):
     """A function of the input x [M, K] bf16 that runs one GEMM of ``weight`` [N, K] as a decode step runs a layer
     stored in ``fmt``, and the function that prepares its input (FP8: the quantized bytes and per-token scales)."""
     import torch
@@ -82,35 +82,33 @@ def executors(fmt: str, weight, use_kernel: bool | None):
     from ocria.quant.direct import quantize_weight
 
     if fmt == "bf16":
-        return (lambda x: decode_gemm(x, weight, use_kernel=use_kernel)), (lambda x: x)
+        return (lambda x: decode_gemm(x, weight, policy=policy)), (lambda x: x)
     t = quantize_weight(weight, fmt)
     layer = QuantLinear(fmt, t["weight"], None, t["weight_scale"], t.get("weight_scale_2"), name=f"{fmt} gemm")
-    layer.use_kernel = use_kernel
     if fmt == "fp8":
-        return (lambda qs: layer.forward_fp8(qs[0], qs[1], torch.bfloat16)), nx.quantize_fp8_per_token
-    return layer, (lambda x: x)
+        return (lambda qs: layer.forward_fp8(qs[0], qs[1], torch.bfloat16, policy)), nx.quantize_fp8_per_token
+    return (lambda x: layer(x, policy)), (lambda x: x)
 
 
-def time_gemm(fmt: str, k: int, n: int, rows: tuple[int, ...], device, use_kernel: bool | None) -> list[float]:
-    """µs per call of one ``fmt`` GEMM of [n, k] at each row count, in a batch-invariant step."""
+def time_gemm(fmt: str, k: int, n: int, rows: tuple[int, ...], device, policy) -> list[float]:
+    """µs per call of one ``fmt`` GEMM of [n, k] at each row count, in a batch-invariant step (``policy``'s
+    ``for_steps``: the kernels a decode step runs)."""
     import torch
 
     from ocria.bench.timing import rotation_copies
-    from ocria.plugins.switch import batch_invariant_rows
 
     bytes_bf16 = 2 * n * k
     copies = rotation_copies(bytes_bf16) if device.type == "cuda" else 1
     gen = torch.Generator(device=device).manual_seed(0)
     weights = [torch.randn(n, k, generator=gen, device=device).mul_(0.02).to(torch.bfloat16) for _ in range(copies)]
-    runs = [executors(fmt, w, use_kernel) for w in weights]
+    runs = [executors(fmt, w, policy.for_steps()) for w in weights]
     del weights
     out = []
     for m in rows:
         x = torch.randn(m, k, generator=gen, device=device).to(torch.bfloat16)
         inputs = [prepare(x) for _, prepare in runs]
         calls = [lambda run=run, inp=inp: run(inp) for (run, _), inp in zip(runs, inputs, strict=True)]
-        with batch_invariant_rows():  # the kernels a decode step runs
-            out.append(_time(calls, device))
+        out.append(_time(calls, device))
     return out
 
 
@@ -135,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from ocria.bench.engine.config import resolve_device
     from ocria.bench.timing import copy_bandwidth
     from ocria.models.quantized.formats import FORMAT_BITS
+    from ocria.plugins.policy import ExecutionPolicy
     from ocria.quant.costs import CostSource, CostTable, decode_gemms
 
     rows, formats = _check_args(args)
@@ -145,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
             raise OcriaError(f"--gemms {unknown[0]}: not a GEMM of this model ({', '.join(g.name for g in gemms)})")
         gemms = [g for g in gemms if g.name in args.gemms]
     device = torch.device(resolve_device(args.device))
-    use_kernel = {"auto": None, "on": True, "off": False}[args.plugins]
+    policy = ExecutionPolicy.from_env(args.plugins)
     cuda = device.type == "cuda"
     bandwidth = copy_bandwidth() if cuda else None
     us, floors = {}, {}
@@ -153,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         for g in gemms:
             us[g.name] = {}
             for fmt in formats:
-                us[g.name][fmt] = [round(t, 3) for t in time_gemm(fmt, g.k, g.n, rows, device, use_kernel)]
+                us[g.name][fmt] = [round(t, 3) for t in time_gemm(fmt, g.k, g.n, rows, device, policy)]
                 print(f"{g.name:26s} [{g.n}, {g.k}] {fmt:6s} " + " ".join(f"M={m}: {t:8.2f} us"
                                                                        for m, t in zip(rows, us[g.name][fmt])),
                       flush=True)

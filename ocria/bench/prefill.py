@@ -59,7 +59,7 @@ def measure_prefill(models, image: bytes, chunk: int) -> dict:
     slots = torch.zeros(1, dtype=torch.long, device=device)
 
     def eager():
-        return prefill_forward(target, drafter, tcache, dcache, slots, inputs, chunk)
+        return prefill_forward(target, drafter, tcache, dcache, slots, inputs, chunk, models.policy)
 
     result = {"prompt_tokens": int(inputs.ids.shape[1]), "prepare_ms": prepare_ms,
               "prefill_eager_ms": median_ms(eager, device), "prefill_graph_ms": None, "graph_equals_eager": None}
@@ -69,7 +69,7 @@ def measure_prefill(models, image: bytes, chunk: int) -> dict:
                                                        zero.long())[0]), device)
     prefill_ms = result["prefill_eager_ms"]
     if device.type == "cuda":
-        graphs = PrefillGraphs(target, drafter, tcache, dcache, pad_slot=1, chunk=chunk)
+        graphs = PrefillGraphs(target, drafter, tcache, dcache, pad_slot=1, chunk=chunk, policy=models.policy)
         want = eager().clone()
         state = [t[0].clone() for t in (*tcache.k, *tcache.ssm, *(dcache.k if dcache else []))]
         got = [graphs(0, inputs, drafter is not None).clone() for _ in range(3)]  # eager sighting, capture, replay

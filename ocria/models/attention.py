@@ -10,6 +10,7 @@ from ocria.models.layers import ZeroCenteredRMSNorm, dense, prologue_dense
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.gemm_prologue import Prologue
 from ocria.plugins.kv_write import kv_write
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 from ocria.plugins.sigmoid_gate import sigmoid_gate
 
 
@@ -31,8 +32,6 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 class GatedAttention(nn.Module):
-    use_kernel: bool | None = None  # plugins switch: cached attention reads the slot in place (Triton)
-
     def __init__(self, cfg: TextConfig, cache_index: int):
         super().__init__()
         self.cache_index = cache_index
@@ -48,7 +47,7 @@ class GatedAttention(nn.Module):
 
     def forward(self, projections: tuple[Tensor, Tensor, Tensor], cos: Tensor, sin: Tensor,
                 cache: TargetCache | None = None, slots: Tensor | None = None, attn_len: int | None = None,
-                position: tuple[Tensor, Tensor, Tensor] | None = None) -> Tensor:
+                position: tuple[Tensor, Tensor, Tensor] | None = None, policy: ExecutionPolicy = AUTO) -> Tensor:
         """The layer from its q (with the output gate), k and v projections of the normed input on (the decoder
         layer computes them, folding its norm into their GEMM in decode steps: ``norm_project``). ``position``:
         ``cache_position`` of the step, with a cache (the model computes it once for all its layers).
@@ -60,6 +59,7 @@ class GatedAttention(nn.Module):
             slots: [B] long cache slots (with ``cache``).
             attn_len: keys read per row at most (None: the cache's length).
             position: ``cache_position(cache, slots, T)``.
+            policy: the execution policy of the plugin ops.
 
         Returns:
             [B, T, hidden] in the model dtype.
@@ -67,8 +67,8 @@ class GatedAttention(nn.Module):
         q, k, v = projections
         B, T, _ = q.shape
         q, gate = q.reshape(B, T, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm.rope(q, cos, sin)
-        k = self.k_norm.rope(k.reshape(B, T, self.num_kv_heads, self.head_dim), cos, sin)
+        q = self.q_norm.rope(q, cos, sin, policy)
+        k = self.k_norm.rope(k.reshape(B, T, self.num_kv_heads, self.head_dim), cos, sin, policy)
         v = v.reshape(B, T, self.num_kv_heads, self.head_dim)
         scale = self.head_dim**-0.5
         if cache is None:
@@ -79,9 +79,9 @@ class GatedAttention(nn.Module):
         else:
             i = self.cache_index
             start, rows, pos = position
-            kv_write(cache.k[i], cache.v[i], k, v, rows, pos, use_kernel=self.use_kernel)
+            kv_write(cache.k[i], cache.v[i], k, v, rows, pos, policy=policy)
             o = decode_attention(q.transpose(1, 2), cache.k[i], cache.v[i], slots, start,
-                                 attn_len or cache.max_len, scale, use_kernel=self.use_kernel)
+                                 attn_len or cache.max_len, scale, policy=policy)
         o = o.transpose(1, 2)
-        y = prologue_dense(self.o_proj, Prologue.SIGMOID_GATE, o, gate, self.use_kernel)  # the gate in o_proj's launch
-        return y if y is not None else dense(self.o_proj, sigmoid_gate(o, gate, self.use_kernel), self.use_kernel)
+        y = prologue_dense(self.o_proj, Prologue.SIGMOID_GATE, o, gate, policy)  # the gate in o_proj's launch
+        return y if y is not None else dense(self.o_proj, sigmoid_gate(o, gate, policy), policy)

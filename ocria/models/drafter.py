@@ -37,6 +37,7 @@ from ocria.models.checkpoint import load_module
 from ocria.models.config import DrafterConfig, read_config_json
 from ocria.models.layers import (
     GATE_UP,
+    PolicyLinear,
     RMSNorm,
     SwiGLU,
     dense,
@@ -44,10 +45,10 @@ from ocria.models.layers import (
     inverse_frequencies,
     project,
     rope_cos_sin,
-    set_plugins,
 )
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.kv_write import kv_write
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 
 
 @lru_cache(maxsize=16)
@@ -66,8 +67,6 @@ def _float_weight(module: nn.Module) -> bool:
 
 
 class DrafterAttention(nn.Module):
-    use_kernel: bool | None = None  # plugins switch (``DFlash2Drafter.set_plugins``) for the cached attention
-
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
@@ -80,13 +79,14 @@ class DrafterAttention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
 
-    def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    def kv(self, x: Tensor, cos: Tensor, sin: Tensor, policy: ExecutionPolicy) -> tuple[Tensor, Tensor]:
         """Keys (normed, rotated) and values [B, T, kv heads, D] of x: one GEMM when fused."""
-        return self.kv_heads(*project(self, x, ("k_proj", "v_proj")), cos, sin)
+        return self.kv_heads(*project(self, x, ("k_proj", "v_proj"), policy), cos, sin, policy)
 
-    def kv_heads(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    def kv_heads(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor,
+                 policy: ExecutionPolicy) -> tuple[Tensor, Tensor]:
         B, T, _ = k.shape
-        k = self.k_norm.rope(k.view(B, T, self.num_kv_heads, self.head_dim), cos, sin)
+        k = self.k_norm.rope(k.view(B, T, self.num_kv_heads, self.head_dim), cos, sin, policy)
         return k, v.view(B, T, self.num_kv_heads, -1)
 
 
@@ -102,7 +102,7 @@ class DrafterLayer(nn.Module):
                                         groups=cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                slots: Tensor, ctx_len: Tensor, index: tuple[Tensor, Tensor], attn_len: int
+                slots: Tensor, ctx_len: Tensor, index: tuple[Tensor, Tensor], attn_len: int, policy: ExecutionPolicy
                 ) -> tuple[Tensor, Tensor]:
         """The layer's input is ``x + delta`` (delta None: x); returns its output as ``(x', delta')``, the MLP's
         residual add left to the next norm, which fuses it (as the target's decoder layers)."""
@@ -112,18 +112,18 @@ class DrafterLayer(nn.Module):
             kc = self.local_conv.kernel_size[0]
             x, delta = F.conv1d(F.pad(x.transpose(1, 2), (kc - 1, 0)), self.local_conv.weight,
                                 groups=x.shape[-1]).transpose(1, 2), x
-        x, h = self.input_layernorm.add(x, delta)
+        x, h = self.input_layernorm.add(x, delta, policy)
         attn = self.self_attn
         B, T, _ = x.shape
-        q, k, v = project(attn, h, ("q_proj", "k_proj", "v_proj"))  # one GEMM when fused
-        q = attn.q_norm.rope(q.view(B, T, attn.num_heads, attn.head_dim), cos, sin)
-        k, v = attn.kv_heads(k, v, cos, sin)
-        kv_write(k_cache, v_cache, k, v, *index, use_kernel=attn.use_kernel)
+        q, k, v = project(attn, h, ("q_proj", "k_proj", "v_proj"), policy)  # one GEMM when fused
+        q = attn.q_norm.rope(q.view(B, T, attn.num_heads, attn.head_dim), cos, sin, policy)
+        k, v = attn.kv_heads(k, v, cos, sin, policy)
+        kv_write(k_cache, v_cache, k, v, *index, policy=policy)
         o = decode_attention(q.transpose(1, 2), k_cache, v_cache, slots, ctx_len, attn_len,
-                             attn.head_dim**-0.5, causal_block=False, use_kernel=attn.use_kernel)
-        x, h = self.post_attention_layernorm.add(dense(attn.o_proj, o.transpose(1, 2).reshape(B, T, -1),
-                                                       attn.use_kernel), x)
-        return x, self.mlp(h)
+                             attn.head_dim**-0.5, causal_block=False, policy=policy)
+        x, h = self.post_attention_layernorm.add(dense(attn.o_proj, o.transpose(1, 2).reshape(B, T, -1), policy),
+                                                 x, policy)
+        return x, self.mlp(h, policy)
 
 
 class DFlash2Drafter(nn.Module):
@@ -138,10 +138,6 @@ class DFlash2Drafter(nn.Module):
             self.selector_head = nn.Linear(cfg.hidden_size, 1, bias=True)
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: nn.Linear | None = None
-
-    def set_plugins(self, use_kernel: bool | None) -> None:
-        """The plugins' switch for the drafter's kernels (norms, cached attention): ``layers.set_plugins``."""
-        set_plugins(self, use_kernel)
 
     def bind(self, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> "DFlash2Drafter":
         """Share the target's embeddings and LM head (the drafter has none of its own)."""
@@ -172,7 +168,8 @@ class DFlash2Drafter(nn.Module):
                         str(positions.device))[:, positions]
         return cs[0], cs[1]
 
-    def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor) -> None:
+    def append_context(self, feats: Tensor, counts: Tensor, cache: DrafterCache, slots: Tensor,
+                       policy: ExecutionPolicy = AUTO) -> None:
         """KV-inject the first ``counts[b]`` of each row's features after its slot's context.
 
         Args:
@@ -181,17 +178,17 @@ class DFlash2Drafter(nn.Module):
                 overwritten later).
             cache: the drafter's context cache; ``ctx_len[slots]`` grows by ``counts``.
             slots: [B] long cache slots.
+            policy: the execution policy of the plugin ops.
         """
-        ctx = self.hidden_norm(self.fc(feats))
+        ctx = self.hidden_norm(self.fc(feats), policy)
         rows, pos = cache_index(slots, cache.ctx_len[slots], feats.shape[1])
         cos, sin = self._cached_rope(pos, ctx.dtype, cache)
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            kv_write(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin), rows, pos,
-                     use_kernel=layer.self_attn.use_kernel)
+            kv_write(k_cache, v_cache, *layer.self_attn.kv(ctx, cos, sin, policy), rows, pos, policy=policy)
         cache.ctx_len[slots] += counts.to(torch.int32)
 
     def draft(self, last_tokens: Tensor, cache: DrafterCache, slots: Tensor,
-              attn_len: int | None = None) -> tuple[Tensor, Tensor | None]:
+              attn_len: int | None = None, policy: ExecutionPolicy = AUTO) -> tuple[Tensor, Tensor | None]:
         """Draft Bs-1 tokens after each row's last token.
 
         The block's K/V are written past the context and dropped (``ctx_len`` does not move).
@@ -201,6 +198,7 @@ class DFlash2Drafter(nn.Module):
             cache: the drafter's context cache.
             slots: [B] long cache slots.
             attn_len: keys attention reads per row at most (None: the cache's length).
+            policy: the execution policy of the plugin ops.
 
         Returns:
             (logits [B, Bs-1, V or Vd] in the model dtype, selector confidences [B, Bs-1] float32 or None
@@ -217,20 +215,21 @@ class DFlash2Drafter(nn.Module):
         attn_len = attn_len or cache.k[0].shape[2]
         delta = None
         for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            x, delta = layer(x, delta, cos, sin, k_cache, v_cache, slots, start, index, attn_len)
-        out = self.norm.add(x, delta)[1][:, 1:]
+            x, delta = layer(x, delta, cos, sin, k_cache, v_cache, slots, start, index, attn_len, policy)
+        out = self.norm.add(x, delta, policy)[1][:, 1:]
         conf = torch.sigmoid(self.selector_head(out).float())[..., 0] if self.config.selector_head else None
-        return self.head(out), conf
+        return self.head(out, policy), conf
 
-    def head(self, out: Tensor) -> Tensor:
+    def head(self, out: Tensor, policy: ExecutionPolicy = AUTO) -> Tensor:
         """Drafted logits: the target's LM head, or its first ``draft_vocab_size`` rows (a quantized head's
         ``rows`` view: the same format and scales as the target's)."""
         vd = self.config.draft_vocab_size
+        head = self.lm_head.rows(vd) if vd and hasattr(self.lm_head, "rows") else self.lm_head
+        if isinstance(head, PolicyLinear):
+            return head(out, policy)
         if not vd:
-            return self.lm_head(out)
-        if hasattr(self.lm_head, "rows"):
-            return self.lm_head.rows(vd)(out)
-        return F.linear(out, self.lm_head.weight[:vd])
+            return head(out)
+        return F.linear(out, head.weight[:vd])
 
     def propose(self, logits: Tensor, cache: DrafterCache, slots: Tensor) -> Tensor:
         """Drafted tokens [B, Bs-1] from the drafted logits (greedy; a hook benchmarks override)."""

@@ -16,6 +16,7 @@ from ocria.models.config import TextConfig
 from ocria.models.gdn_chunked import chunk_gated_delta_rule
 from ocria.models.layers import GatedRMSNorm, dense, prologue_dense
 from ocria.plugins.gemm_prologue import Prologue
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 from ocria.plugins.replay_ssm import ops
 from ocria.plugins.replay_ssm.reference import conv_window, delta_step, fold_pending, gdn_gates, l2norm
 
@@ -59,9 +60,6 @@ def prefill_recurrence(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
 
 class GatedDeltaNet(nn.Module):
-    # ReplaySSM plugin switch: None = Triton kernel on CUDA, PyTorch reference elsewhere.
-    use_kernel: bool | None = None
-
     def __init__(self, cfg: TextConfig, cache_index: int):
         super().__init__()
         self.cache_index = cache_index
@@ -107,7 +105,7 @@ class GatedDeltaNet(nn.Module):
         return F.silu(y).transpose(1, 2).to(qkv.dtype)
 
     def forward(self, projections: tuple[Tensor, ...], mode: str, cache: TargetCache | None = None,
-                slots: Tensor | None = None) -> Tensor:
+                slots: Tensor | None = None, policy: ExecutionPolicy = AUTO) -> Tensor:
         """The layer from its input projections on (``PROJECTIONS`` of the normed input, [B, T, *] each): the
         decoder layer computes them, folding its norm into their GEMM in decode steps (``norm_project``).
 
@@ -116,6 +114,7 @@ class GatedDeltaNet(nn.Module):
             mode: ``full``, ``prefill`` or ``verify`` (see the module docstring).
             cache: the target cache (``prefill`` / ``verify``).
             slots: [B] long cache slots (with ``cache``).
+            policy: the execution policy of the plugin ops.
 
         Returns:
             [B, T, hidden] in the model dtype.
@@ -126,12 +125,12 @@ class GatedDeltaNet(nn.Module):
         i = self.cache_index
         if mode == "verify":
             y = ops.causal_conv_verify(qkv, self.conv1d.weight[:, 0, :], cache.conv_buf[i], cache.pending_len, slots,
-                                       use_kernel=self.use_kernel)
+                                       policy=policy)
             q, k, v = self._split(y)
             o = ops.replay_verify(
                 q, k, v, a, b, self.A_log, self.dt_bias, cache.ssm[i], cache.ring_k[i], cache.ring_u[i],
                 cache.ring_g[i], cache.ring_phase, cache.pending_len, slots,
-                use_kernel=self.use_kernel,
+                policy=policy,
             )
         else:
             q, k, v = self._split(self._conv_prefill(qkv, cache, slots))
@@ -145,12 +144,12 @@ class GatedDeltaNet(nn.Module):
             if cache is not None:
                 cache.ssm[i][slots] = state
         o = o.to(qkv.dtype)
-        y = prologue_dense(self.out_proj, Prologue.GATED_NORM, o, z, self.use_kernel, self.norm)
+        y = prologue_dense(self.out_proj, Prologue.GATED_NORM, o, z, policy, self.norm)
         if y is not None:  # the gated norm (and an FP8 out_proj's input quantization) in out_proj's launch
             return y
         quant = getattr(self.out_proj, "input_quant", None)
         if quant is not None:  # an FP8 out_proj: the norm's launch writes its FP8 input
-            q8, token_scales = self.norm.fp8(o, z, *quant)
-            return self.out_proj.forward_fp8(q8, token_scales, qkv.dtype)
-        o = self.norm(o, z)
-        return dense(self.out_proj, o.reshape(B, T, self.value_dim), self.use_kernel)
+            q8, token_scales = self.norm.fp8(o, z, *quant, policy)
+            return self.out_proj.forward_fp8(q8, token_scales, qkv.dtype, policy)
+        o = self.norm(o, z, policy)
+        return dense(self.out_proj, o.reshape(B, T, self.value_dim), policy)

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_norm
 from ocria.plugins.gemm_prologue import Prologue, prologue_gemm
+from ocria.plugins.policy import ExecutionPolicy
 from ocria.plugins.rms_norm import (
     add_plain_rms_norm,
     add_rms_norm,
@@ -25,90 +26,73 @@ from ocria.plugins.silu_quant import quantize_act, silu_mul_quant
 class ZeroCenteredRMSNorm(nn.Module):
     """Qwen3.5's RMSNorm: ``norm(x) * (1 + w)`` computed in fp32, weight initialised to zero."""
 
-    use_kernel: bool | None = None  # plugins switch: the fused Triton norm on CUDA (ocria.plugins.rms_norm)
-
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps, 1.0, use_kernel=self.use_kernel)
+    def forward(self, x: Tensor, policy: ExecutionPolicy) -> Tensor:
+        return rms_norm(x, self.weight, self.eps, 1.0, policy=policy)
 
-    def add(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+    def add(self, x: Tensor, residual: Tensor | None, policy: ExecutionPolicy) -> tuple[Tensor, Tensor]:
         """``(x + residual, norm(x + residual))``, one launch with the kernel (residual None: ``(x, norm(x))``)."""
         if residual is None:
-            return x, self(x)
-        return add_rms_norm(x, residual, self.weight, self.eps, 1.0, use_kernel=self.use_kernel)
+            return x, self(x, policy)
+        return add_rms_norm(x, residual, self.weight, self.eps, 1.0, policy=policy)
 
-    def add_fp8(self, x: Tensor, residual: Tensor | None, mode: str,
-                scale: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    def add_fp8(self, x: Tensor, residual: Tensor | None, mode: str, scale: Tensor | None,
+                policy: ExecutionPolicy) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """``add`` and the FP8 quantization of the norm (``mode``: fp8_static with ``scale``, or fp8_dynamic) for
         the FP8 layers that read it: (sum, norm, E4M3 norm, per-token scales or None), one launch with the kernel."""
         if residual is None:  # no add to fuse: the norm, then its FP8 bytes in one more launch
-            return (x, y := self(x), *quantize_act(y, mode, scale, use_kernel=self.use_kernel))
-        return add_rms_norm_fp8(x, residual, self.weight, self.eps, 1.0, mode, scale, use_kernel=self.use_kernel)
+            return (x, y := self(x, policy), *quantize_act(y, mode, scale, policy=policy))
+        return add_rms_norm_fp8(x, residual, self.weight, self.eps, 1.0, mode, scale, policy=policy)
 
-    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, policy: ExecutionPolicy) -> Tensor:
         """An attention's q/k norm then its rotary embedding, x [B, T, H, D], cos/sin [B, T, R]: one launch
         with the kernel, ``apply_rotary(norm(x), ...)`` bit for bit otherwise."""
-        return rms_norm_rope(x, self.weight, cos, sin, self.eps, 1.0, use_kernel=self.use_kernel)
+        return rms_norm_rope(x, self.weight, cos, sin, self.eps, 1.0, policy=policy)
 
 
 class RMSNorm(nn.Module):
     """Plain (Qwen3-style) RMSNorm ``w * norm(x)``, used by the DFlash drafter: through the plugin (one
     launch, the same rounding chain), with the residual add or the rotary embedding that follows it fused."""
 
-    use_kernel: bool | None = None  # plugins switch: ocria::plain_rms_norm on CUDA
-
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return plain_rms_norm(x, self.weight, self.eps, use_kernel=self.use_kernel)
+    def forward(self, x: Tensor, policy: ExecutionPolicy) -> Tensor:
+        return plain_rms_norm(x, self.weight, self.eps, policy=policy)
 
-    def add(self, x: Tensor, residual: Tensor | None) -> tuple[Tensor, Tensor]:
+    def add(self, x: Tensor, residual: Tensor | None, policy: ExecutionPolicy) -> tuple[Tensor, Tensor]:
         """``(x + residual, norm(x + residual))``, one launch with the kernel (residual None: ``(x, norm(x))``)."""
         if residual is None:
-            return x, self(x)
-        return add_plain_rms_norm(x, residual, self.weight, self.eps, use_kernel=self.use_kernel)
+            return x, self(x, policy)
+        return add_plain_rms_norm(x, residual, self.weight, self.eps, policy=policy)
 
-    def rope(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def rope(self, x: Tensor, cos: Tensor, sin: Tensor, policy: ExecutionPolicy) -> Tensor:
         """``apply_rotary(norm(x), cos[:, :, None], sin[:, :, None])`` for x [B, T, H, D], cos, sin [B, T, D]."""
-        return rms_norm_rope(x, self.weight, cos, sin, self.eps, plain=True, use_kernel=self.use_kernel)
-
-
-def set_plugins(model: nn.Module, use_kernel: bool | None) -> None:
-    """One switch for every plugin kernel below ``model`` (norms, attention, ReplaySSM, quantized linears):
-    None = kernel on CUDA, reference elsewhere."""
-    for module in model.modules():
-        if hasattr(module, "use_kernel"):
-            module.use_kernel = use_kernel
-        for runs in module.__dict__.get("_runs", {}).values():  # fused executors are not submodules
-            for executor, _ in runs:
-                if hasattr(executor, "use_kernel"):
-                    executor.use_kernel = use_kernel
+        return rms_norm_rope(x, self.weight, cos, sin, self.eps, plain=True, policy=policy)
 
 
 class GatedRMSNorm(nn.Module):
     """GDN output norm: ``w * norm(x) * silu(z)`` per value head (plain weight, not zero-centred)."""
 
-    use_kernel: bool | None = None  # plugins switch, as ZeroCenteredRMSNorm
-
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: Tensor, z: Tensor) -> Tensor:
-        return gated_rms_norm(x, z, self.weight, self.eps, use_kernel=self.use_kernel)
+    def forward(self, x: Tensor, z: Tensor, policy: ExecutionPolicy) -> Tensor:
+        return gated_rms_norm(x, z, self.weight, self.eps, policy=policy)
 
-    def fp8(self, x: Tensor, z: Tensor, mode: str, scale: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    def fp8(self, x: Tensor, z: Tensor, mode: str, scale: Tensor | None,
+            policy: ExecutionPolicy) -> tuple[Tensor, Tensor | None]:
         """The norm of x [..., H, D] as the FP8 input of the layer after it: (E4M3 [..., H * D], per-token scales or
         None), one launch with the kernel."""
-        return gated_rms_norm_fp8(x, z, self.weight, self.eps, mode, scale, use_kernel=self.use_kernel)
+        return gated_rms_norm_fp8(x, z, self.weight, self.eps, mode, scale, policy=policy)
 
 
 GATE_UP = ("gate_proj", "up_proj")  # the MLP's input projections, fused into one GEMM for inference
@@ -185,53 +169,53 @@ def fused_group(module: nn.Module, names: tuple[str, ...]) -> tuple[Tensor, list
     return module.__dict__.get("_fused", {}).get(names)
 
 
-def project(module: nn.Module, x: Tensor, names: tuple[str, ...],
+def project(module: nn.Module, x: Tensor, names: tuple[str, ...], policy: ExecutionPolicy,
             fp8_input: tuple[nn.Module, Tensor, Tensor | None] | None = None) -> tuple[Tensor, ...]:
     """Apply the named linears of ``module`` to x (one GEMM when ``fuse_linears`` prepared them). ``fp8_input``
     (executor, E4M3 x, per-token scales) hands that run's executor x already quantized (``fp8_consumer``)."""
-    fused, use_kernel = fused_group(module, names), getattr(module, "use_kernel", None)
+    fused = fused_group(module, names)
     runs = module.__dict__.get("_runs", {}).get(names)
     if runs is not None:
         outs = []
         for executor, sizes in runs:
             if fp8_input is not None and executor is fp8_input[0]:
-                y = executor.forward_fp8(fp8_input[1], fp8_input[2], x.dtype)
+                y = executor.forward_fp8(fp8_input[1], fp8_input[2], x.dtype, policy)
             elif isinstance(executor, Tensor):
-                y = decode_gemm(x, executor, use_kernel=use_kernel)
+                y = decode_gemm(x, executor, policy=policy)
             else:
-                y = dense(executor, x, use_kernel)
+                y = dense(executor, x, policy)
             outs.extend(y.split(sizes, dim=-1))
         return tuple(outs)
     if fused is None:
-        return tuple(dense(getattr(module, n), x, use_kernel) for n in names)
+        return tuple(dense(getattr(module, n), x, policy) for n in names)
     weight, sizes = fused
-    return decode_gemm(x, weight, use_kernel=use_kernel).split(sizes, dim=-1)
+    return decode_gemm(x, weight, policy=policy).split(sizes, dim=-1)
 
 
 def norm_gemm(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, module: nn.Module,
-              names: tuple[str, ...]) -> tuple[Tensor, Tensor] | None:
+              names: tuple[str, ...], policy: ExecutionPolicy) -> tuple[Tensor, Tensor] | None:
     """``(s, norm(s) @ W.T)`` with ``s = x + residual`` and W the named linears of ``module`` fused, in one
     launch (``ocria::decode_gemm_norm``: a decode or verify step); None when that kernel does not apply."""
     fused = fused_group(module, names)
     if fused is None:
         return None
-    out = decode_gemm_norm(x, residual, norm.weight, norm.eps, fused[0], use_kernel=getattr(module, "use_kernel", None))
+    out = decode_gemm_norm(x, residual, norm.weight, norm.eps, fused[0], policy=policy)
     return None if out is None else (out[1], out[0])
 
 
 def norm_project(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, module: nn.Module,
-                 names: tuple[str, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
+                 names: tuple[str, ...], policy: ExecutionPolicy) -> tuple[Tensor, tuple[Tensor, ...]]:
     """``(s, projections of norm(s))`` with ``s = x + residual``: the norm folded into the GEMM when
     ``norm_gemm`` applies, else ``norm.add`` then ``project``; when a run of the projections quantizes its input to
     FP8 (``fp8_consumer``), ``norm.add_fp8`` writes that input in the norm's launch."""
-    fused = norm_gemm(norm, x, residual, module, names)
+    fused = norm_gemm(norm, x, residual, module, names, policy)
     if fused is None:
         consumer = fp8_consumer(module.__dict__.get("_runs", {}).get(names, []))
         if consumer is not None:  # the norm's launch also writes the FP8 input of that run
-            s, h, q, token_scales = norm.add_fp8(x, residual, *consumer.input_quant)
-            return s, project(module, h, names, (consumer, q, token_scales))
-        s, h = norm.add(x, residual)
-        return s, project(module, h, names)
+            s, h, q, token_scales = norm.add_fp8(x, residual, *consumer.input_quant, policy)
+            return s, project(module, h, names, policy, (consumer, q, token_scales))
+        s, h = norm.add(x, residual, policy)
+        return s, project(module, h, names, policy)
     s, y = fused
     return s, y.split(fused_group(module, names)[1], dim=-1)
 
@@ -241,18 +225,19 @@ def fp8_consumer(runs: list) -> nn.Module | None:
     return next((ex for ex, _ in runs if getattr(ex, "input_quant", None) is not None), None)
 
 
-def norm_mlp(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, mlp: nn.Module) -> tuple[Tensor, Tensor]:
+def norm_mlp(norm: "ZeroCenteredRMSNorm", x: Tensor, residual: Tensor | None, mlp: nn.Module,
+             policy: ExecutionPolicy) -> tuple[Tensor, Tensor]:
     """``(s, mlp(norm(s)))`` with ``s = x + residual``: the norm folded into a ``SwiGLU``'s fused gate/up GEMM
     when ``norm_gemm`` applies, else ``norm.add`` then the MLP (any MLP module, quantized ones too)."""
-    fused = norm_gemm(norm, x, residual, mlp, GATE_UP)
+    fused = norm_gemm(norm, x, residual, mlp, GATE_UP, policy)
     if fused is None:
-        s, h = norm.add(x, residual)
-        return s, mlp(h)
+        s, h = norm.add(x, residual, policy)
+        return s, mlp(h, policy)
     s, gate_up = fused
-    return s, mlp.silu_down(gate_up)
+    return s, mlp.silu_down(gate_up, policy)
 
 
-def prologue_dense(linear: nn.Module, kind: Prologue, a: Tensor, b: Tensor, use_kernel: bool | None,
+def prologue_dense(linear: nn.Module, kind: Prologue, a: Tensor, b: Tensor, policy: ExecutionPolicy,
                    norm: "GatedRMSNorm | None" = None) -> Tensor | None:
     """``linear(op(a, b))`` for a, b [B, T, H, D] in one launch (``ocria::prologue_gemm``: the op ``kind`` in the
     GEMM's K loop) when ``linear`` is a bias-free bf16 ``nn.Linear`` or an FP8 layer (``input_quant``: the op's output
@@ -267,7 +252,7 @@ def prologue_dense(linear: nn.Module, kind: Prologue, a: Tensor, b: Tensor, use_
     else:
         return None
     norm_weight, eps = (norm.weight, norm.eps) if norm is not None else (None, 0.0)
-    return prologue_gemm(kind, a, b, linear.weight, norm_weight, eps, x_mode, x_scale, w_scale, use_kernel)
+    return prologue_gemm(kind, a, b, linear.weight, norm_weight, eps, x_mode, x_scale, w_scale, policy)
 
 
 def gate_up_halves(gate_up: Tensor) -> tuple[Tensor, Tensor]:
@@ -275,18 +260,24 @@ def gate_up_halves(gate_up: Tensor) -> tuple[Tensor, Tensor]:
     return tuple(t.unsqueeze(-2) for t in gate_up.chunk(2, dim=-1))
 
 
-def dense(linear: nn.Module, x: Tensor, use_kernel: bool | None) -> Tensor:
+class PolicyLinear(nn.Module):
+    """A linear executor whose ``forward(x, policy, out_fp32=False)`` takes the execution policy (the quantized
+    layers of ``ocria.models.quantized``)."""
+
+
+def dense(linear: nn.Module, x: Tensor, policy: ExecutionPolicy) -> Tensor:
     """``linear(x)``; a plain bf16 ``nn.Linear`` of a decode or verify step (<= 16 rows) runs as the
-    one-launch decode GEMM (``ocria::decode_gemm``), quantized executors as themselves."""
+    one-launch decode GEMM (``ocria::decode_gemm``), ``PolicyLinear`` executors under ``policy``, any other module
+    in a linear's place (ModelOpt's calibration wrappers) as itself."""
     if type(linear) is nn.Linear:
-        return decode_gemm(x, linear.weight, linear.bias, use_kernel=use_kernel)
+        return decode_gemm(x, linear.weight, linear.bias, policy=policy)
+    if isinstance(linear, PolicyLinear):
+        return linear(x, policy)
     return linear(x)
 
 
 class SwiGLU(nn.Module):
     """``down(silu(gate(x)) * up(x))`` with HF parameter names."""
-
-    use_kernel: bool | None = None  # plugins switch: the fused SiLU-multiply (ocria::silu_mul_quant, bf16 mode)
 
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
@@ -294,21 +285,21 @@ class SwiGLU(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, policy: ExecutionPolicy) -> Tensor:
         fused = fused_group(self, GATE_UP)
         if fused is None:
-            gate, up = project(self, x, GATE_UP)
-            return dense(self.down_proj, F.silu(gate) * up, self.use_kernel)
-        return self.silu_down(decode_gemm(x, fused[0], use_kernel=self.use_kernel))
+            gate, up = project(self, x, GATE_UP, policy)
+            return dense(self.down_proj, F.silu(gate) * up, policy)
+        return self.silu_down(decode_gemm(x, fused[0], policy=policy), policy)
 
-    def silu_down(self, gate_up: Tensor) -> Tensor:
+    def silu_down(self, gate_up: Tensor, policy: ExecutionPolicy) -> Tensor:
         """Inference, after the one gate/up GEMM: SiLU-multiply (the two roundings of ``F.silu(gate) * up``) in
         down_proj's K loop (``prologue_dense``), else in one pass of its own, then down_proj."""
-        y = prologue_dense(self.down_proj, Prologue.SILU_MUL, *gate_up_halves(gate_up), self.use_kernel)
+        y = prologue_dense(self.down_proj, Prologue.SILU_MUL, *gate_up_halves(gate_up), policy)
         if y is not None:
             return y
-        h, _ = silu_mul_quant(gate_up, "bf16", use_kernel=self.use_kernel)
-        return dense(self.down_proj, h, self.use_kernel)
+        h, _ = silu_mul_quant(gate_up, "bf16", policy=policy)
+        return dense(self.down_proj, h, policy)
 
 
 @lru_cache(maxsize=64)

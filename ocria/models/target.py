@@ -13,10 +13,10 @@ from ocria.errors import ConfigError, RequestError
 from ocria.models.cache import TargetCache
 from ocria.models.checkpoint import load_module
 from ocria.models.config import OCRiaConfig, TextConfig, read_config_json
-from ocria.models.layers import set_plugins
 from ocria.models.text import TextModel
 from ocria.models.vision import VisionModel
 from ocria.plugins.decode_gemm import decode_gemm
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 
 IGNORED_TENSORS = (r"^mtp\.", r"^model\.mtp\.")
 
@@ -75,31 +75,25 @@ class _LMBase(nn.Module):
 
     text: TextModel
     lm_head: nn.Linear
-    use_kernel: bool | None = None  # plugins switch (set_plugins): the head of a decode step as ocria::decode_gemm
 
     @property
     def text_config(self) -> TextConfig:
         return self.text.cfg
 
-    def logits(self, hidden: Tensor) -> Tensor:
+    def logits(self, hidden: Tensor, policy: ExecutionPolicy = AUTO) -> Tensor:
         """fp32 logits. On CUDA a bf16/fp16 head accumulates straight into fp32 (the decode GEMM with fp32
         output for up to 16 rows, else ``mm`` with ``out_dtype``): rounding logits to bf16 would create ties
         that flip greedy tokens. A quantized head (``fp32_logits``: an FP8 ``QuantLinear``) returns its fp32 sums
         the same way."""
         head = self.lm_head
         if hidden.is_cuda and hidden.dtype != torch.float32 and type(head) is nn.Linear:
-            return decode_gemm(hidden, head.weight, use_kernel=self.use_kernel, out_fp32=True)
+            return decode_gemm(hidden, head.weight, policy=policy, out_fp32=True)
         if getattr(head, "fp32_logits", False):
-            return head(hidden, out_fp32=True)
+            return head(hidden, policy, out_fp32=True)
         return head(hidden).float()
 
-    def set_plugins(self, use_kernel: bool | None) -> None:
-        """One switch for every plugin kernel of the target (decoder layers and LM head): None = kernel on
-        CUDA, reference elsewhere."""
-        set_plugins(self, use_kernel)
-
     def forward_cached(self, embeds: Tensor, positions: Tensor, cache: TargetCache, slots: Tensor, mode: str,
-                       capture: tuple[int, ...] = (), attn_len: int | None = None):
+                       capture: tuple[int, ...] = (), attn_len: int | None = None, policy: ExecutionPolicy = AUTO):
         """Run T tokens per slot against the cache (``prefill`` or ``verify``); see ``TextModel``.
 
         Args:
@@ -110,11 +104,12 @@ class _LMBase(nn.Module):
             mode: ``prefill`` or ``verify``.
             capture: decoder layer indices whose outputs are returned too.
             attn_len: keys attention reads per row at most (None: the cache's length).
+            policy: the execution policy of every plugin op (a decode or verify step's: ``policy.for_steps()``).
 
         Returns:
             (normed hidden [B, T, H], [captured [B, T, H] per ``capture`` index]).
         """
-        return self.text(embeds, positions, mode, cache, slots, capture, attn_len)
+        return self.text(embeds, positions, mode, cache, slots, capture, attn_len, policy)
 
     def tie_weights(self) -> None:
         if self.text_config.tie_word_embeddings:
@@ -187,21 +182,22 @@ class OCRiaForConditionalGeneration(_LMBase):
         return torch.stack(rows, dim=1), torch.tensor(deltas, device=input_ids.device)
 
     def forward(self, input_ids: Tensor, pixel_values: Tensor | None = None,
-                image_grid_thw: Tensor | None = None) -> Tensor:
+                image_grid_thw: Tensor | None = None, policy: ExecutionPolicy = AUTO) -> Tensor:
         """No-cache parity forward.
 
         Args:
             input_ids: [B, T] long.
             pixel_values: [P, C*Tp*p*p] float patches, or None.
             image_grid_thw: [N, 3] long, or None.
+            policy: the execution policy of every plugin op (training: ``REFERENCE``, which has a backward).
 
         Returns:
             Logits [B, T, V] float32.
         """
         embeds = self.embed(input_ids, pixel_values, image_grid_thw)
         positions, _ = self.positions(input_ids, image_grid_thw)
-        hidden, _ = self.text(embeds, positions)
-        return self.logits(hidden)
+        hidden, _ = self.text(embeds, positions, policy=policy)
+        return self.logits(hidden, policy)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,
@@ -231,12 +227,12 @@ class OCRiaForCausalLM(_LMBase):
     def text(self) -> TextModel:
         return self.model
 
-    def forward(self, input_ids: Tensor) -> Tensor:
-        """No-cache forward of text ids [B, T] long; returns logits [B, T, V] float32."""
+    def forward(self, input_ids: Tensor, policy: ExecutionPolicy = AUTO) -> Tensor:
+        """No-cache forward of text ids [B, T] long under ``policy``; returns logits [B, T, V] float32."""
         B, T = input_ids.shape
         positions = torch.arange(T, device=input_ids.device).expand(3, B, T)
-        hidden, _ = self.model(self.model.embed_tokens(input_ids), positions)
-        return self.logits(hidden)
+        hidden, _ = self.model(self.model.embed_tokens(input_ids), positions, policy=policy)
+        return self.logits(hidden, policy)
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32,

@@ -19,6 +19,7 @@ from ocria.models.layers import (
     norm_mlp,
     norm_project,
 )
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 
 
 class DecoderLayer(nn.Module):
@@ -35,17 +36,17 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: Tensor, delta: Tensor | None, cos: Tensor, sin: Tensor, mode: str,
                 cache: TargetCache | None, slots: Tensor | None, attn_len: int | None,
-                position: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                position: tuple[Tensor, Tensor, Tensor] | None, policy: ExecutionPolicy) -> tuple[Tensor, Tensor]:
         """The layer's input is ``x + delta`` (delta None: x); returns its output as ``(x', delta')``, the
         MLP's residual add left to the next norm, which fuses it (one launch per add + norm; in decode and
         verify steps the add + norm is folded into the next input projection)."""
         if self.layer_type == LINEAR:
-            x, proj = norm_project(self.input_layernorm, x, delta, self.linear_attn, GDN_PROJECTIONS)
-            h = self.linear_attn(proj, mode, cache, slots)
+            x, proj = norm_project(self.input_layernorm, x, delta, self.linear_attn, GDN_PROJECTIONS, policy)
+            h = self.linear_attn(proj, mode, cache, slots, policy)
         else:
-            x, proj = norm_project(self.input_layernorm, x, delta, self.self_attn, ATTENTION_PROJECTIONS)
-            h = self.self_attn(proj, cos, sin, cache, slots, attn_len, position)
-        return norm_mlp(self.post_attention_layernorm, h, x, self.mlp)
+            x, proj = norm_project(self.input_layernorm, x, delta, self.self_attn, ATTENTION_PROJECTIONS, policy)
+            h = self.self_attn(proj, cos, sin, cache, slots, attn_len, position, policy)
+        return norm_mlp(self.post_attention_layernorm, h, x, self.mlp, policy)
 
 
 class TextModel(nn.Module):
@@ -82,7 +83,8 @@ class TextModel(nn.Module):
         return mrope_cos_sin(positions, inv_freq, self.cfg.mrope_section, dtype)
 
     def forward(self, embeds: Tensor, positions: Tensor, mode: str = "full", cache: TargetCache | None = None,
-                slots: Tensor | None = None, capture: tuple[int, ...] = (), attn_len: int | None = None):
+                slots: Tensor | None = None, capture: tuple[int, ...] = (), attn_len: int | None = None,
+                policy: ExecutionPolicy = AUTO):
         """Run the decoder layers.
 
         Args:
@@ -93,6 +95,7 @@ class TextModel(nn.Module):
             slots: [B] long, each row's cache slot (with ``cache``).
             capture: layer indices whose outputs are returned too.
             attn_len: keys attention reads per row at most (None: the cache's length).
+            policy: the execution policy of every plugin op.
 
         Returns:
             (normed hidden [B, T, H], [captured [B, T, H] per ``capture`` index, pre-norm]).
@@ -103,7 +106,7 @@ class TextModel(nn.Module):
         position = cache_position(cache, slots, embeds.shape[1]) if cache is not None else None
         x, delta, captured = embeds, None, {}
         for i, layer in enumerate(self.layers):
-            x, delta = layer(x, delta, cos, sin, mode, cache, slots, attn_len, position)
+            x, delta = layer(x, delta, cos, sin, mode, cache, slots, attn_len, position, policy)
             if i in capture:
                 captured[i] = x + delta
-        return self.norm.add(delta, x)[1], [captured[i] for i in capture]
+        return self.norm.add(delta, x, policy)[1], [captured[i] for i in capture]

@@ -1,4 +1,5 @@
-"""Programmatic dependent launch (PDL) for the plugin kernels, opt-in with ``OCRIA_PDL=1``.
+"""Programmatic dependent launch (PDL) for the plugin kernels, opt-in with the execution policy's ``pdl``
+(``OCRIA_PDL=1``).
 
 Why: a decode step is a few hundred small kernels in one CUDA graph, and on the H200 the gaps between
 them were 430 µs of a 2.33 ms batch-1 ``ar`` step (its profile, ``ocria bench engine --profile``). A kernel
@@ -9,7 +10,6 @@ every PDL kernel waits before it can finish, so after the wait all earlier work 
 Kernels launched without PDL (PyTorch's, cuBLAS) keep plain stream order before and after ours.
 """
 
-import os
 from functools import cache
 
 import torch
@@ -17,17 +17,12 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-PDL_ENV = "OCRIA_PDL"
+from ocria.plugins.policy import Launch
 
 
 def pdl_capable(device: torch.device) -> bool:
     """Whether ``device`` can launch with PDL: a CUDA GPU of compute capability >= 9."""
     return device.type == "cuda" and capability(device.index) >= (9, 0)
-
-
-def pdl_launch(device: torch.device) -> bool:
-    """Whether a launch on ``device`` uses PDL: ``OCRIA_PDL=1`` on a ``pdl_capable`` device."""
-    return os.environ.get(PDL_ENV, "0") == "1" and pdl_capable(device)
 
 
 @cache
@@ -49,11 +44,11 @@ def sm_count(device: torch.device) -> int:
     return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def pdl_args(device: torch.device, always: bool = False) -> dict:
-    """Launch keywords: the kernel's ``PDL`` constexpr and Triton's ``launch_pdl`` option, set together. ``always``:
-    a launch that needs PDL to overlap the kernel before it, on every ``pdl_capable`` device, whatever ``OCRIA_PDL``
-    says."""
-    pdl = (always and pdl_capable(device)) or pdl_launch(device)
+def pdl_args(device: torch.device, launch: Launch, always: bool = False) -> dict:
+    """Launch keywords: the kernel's ``PDL`` constexpr and Triton's ``launch_pdl`` option, set together: PDL on a
+    ``pdl_capable`` device when ``launch`` has ``Launch.PDL`` (the policy's ``pdl``), or ``always`` (a launch that
+    needs PDL to overlap the kernel before it)."""
+    pdl = (always or Launch.PDL in launch) and pdl_capable(device)
     return {"PDL": pdl, "launch_pdl": pdl}
 
 

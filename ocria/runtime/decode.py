@@ -7,9 +7,9 @@ A decode step for rows ``slots`` whose last token (not yet seen by the target) i
   samples its own token y_j at every position; drafts are accepted while they equal y_j, plus the
   bonus y_n. Tokens are position-keyed (``sampling.sample``), so the output equals ``ar``'s.
 
-The target runs both inside ``batch_invariant_rows()``: its kernels then compute a token's logits the same way
-in a 16-token verify block of many sequences as in a one-token step alone, so ``spec``'s greedy tokens are
-``ar``'s bit for bit (``OCRIA_BATCH_INVARIANT=0``: faster kernels, equal up to floating-point near-ties).
+The target runs both under ``policy.for_steps()``: its kernels then compute a token's logits the same way in a
+16-token verify block of many sequences as in a one-token step alone, so ``spec``'s greedy tokens are ``ar``'s bit
+for bit (a policy without ``batch_invariant``: faster kernels, equal up to floating-point near-ties).
 
 Both then commit the kept prefix with one cursor move (``TargetCache.commit``); ``spec`` also
 injects the kept tokens' target features into the drafter's context. The rollback contract these steps follow is
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ocria.errors import RequestError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration, TargetCache
-from ocria.plugins.switch import batch_invariant_rows
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 from ocria.runtime.processor import PreparedPrompt
 from ocria.runtime.sampling import sample
 
@@ -92,7 +92,8 @@ def prefill_inputs(target: OCRiaForConditionalGeneration, prompt: PreparedPrompt
 
 
 def prefill_forward(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
-                    dcache: DrafterCache | None, slots: Tensor, inputs: PrefillInputs, chunk: int = 512) -> Tensor:
+                    dcache: DrafterCache | None, slots: Tensor, inputs: PrefillInputs, chunk: int = 512,
+                    policy: ExecutionPolicy = AUTO) -> Tensor:
     """Run a prompt into the slot ``slots`` (reset first) in chunks of ``chunk`` tokens. No host
     synchronisation: the call can be captured in a CUDA graph.
 
@@ -104,6 +105,7 @@ def prefill_forward(target: OCRiaForConditionalGeneration, drafter: DFlash2Draft
         slots: [1] long, the slot, on the device.
         inputs: the prompt from ``prefill_inputs``.
         chunk: prompt tokens per forward.
+        policy: the execution policy of the models' plugin ops.
 
     Returns:
         Logits [1, V] float32 at the prompt's last position.
@@ -118,17 +120,18 @@ def prefill_forward(target: OCRiaForConditionalGeneration, drafter: DFlash2Draft
     for start in range(0, length, chunk):
         end = min(start + chunk, length)
         hidden, feats = target.forward_cached(embeds[:, start:end], inputs.positions[:, :, start:end], tcache, slots,
-                                              "prefill", capture=capture, attn_len=end)
+                                              "prefill", capture=capture, attn_len=end, policy=policy)
         tcache.kv_len.index_fill_(0, slots, end)  # a fill, not a host-to-device copy: capturable
         if drafter is not None:
             counts = torch.full((1,), end - start, dtype=torch.long, device=slots.device)
-            drafter.append_context(torch.cat(feats, -1), counts, dcache, slots)
-    return target.logits(hidden[:, -1])
+            drafter.append_context(torch.cat(feats, -1), counts, dcache, slots, policy)
+    return target.logits(hidden[:, -1], policy)
 
 
 @torch.no_grad()
 def prefill(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
-            dcache: DrafterCache | None, slot: int, prompt: PreparedPrompt, chunk: int = 512) -> Tensor:
+            dcache: DrafterCache | None, slot: int, prompt: PreparedPrompt, chunk: int = 512,
+            policy: ExecutionPolicy = AUTO) -> Tensor:
     """Run a prompt (image + text) into slot ``slot`` in chunks: ``prefill_inputs`` then ``prefill_forward``.
 
     Returns:
@@ -136,13 +139,14 @@ def prefill(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | Non
     """
     device = tcache.kv_len.device
     slots = torch.tensor([slot], device=device)
-    return prefill_forward(target, drafter, tcache, dcache, slots, prefill_inputs(target, prompt, device), chunk)
+    return prefill_forward(target, drafter, tcache, dcache, slots, prefill_inputs(target, prompt, device), chunk,
+                           policy)
 
 
 @torch.no_grad()
 def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter | None, tcache: TargetCache,
                 dcache: DrafterCache | None, slots: Tensor, last: Tensor, params: SamplingTensors,
-                attn_len: int, all_greedy: bool | None = None) -> StepResult:
+                attn_len: int, all_greedy: bool | None = None, policy: ExecutionPolicy = AUTO) -> StepResult:
     """One ``ar`` (drafter None) or ``spec`` step for rows ``slots``; commits the kept tokens to the caches.
 
     No host synchronisation when ``all_greedy`` is given: the step can be captured in a CUDA graph.
@@ -158,6 +162,8 @@ def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter |
         attn_len: at least the longest committed length of the rows (the longest, or a CUDA graph's bucket):
             attention reads ``attn_len + T`` keys per row, those past a row's length masked.
         all_greedy: whether every row has temperature 0, if known on the host; None checks on the device.
+        policy: the execution policy of the models' plugin ops; the target's forward runs under
+            ``policy.for_steps()``, so a token's logits do not depend on the block or batch it is computed in.
 
     Returns:
         ``StepResult``: tokens [B, T] long, accepted [B] long, proposed [B] long (T = 1 for ``ar``, the
@@ -166,7 +172,8 @@ def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter |
     B = slots.shape[0]
     budget = None
     if drafter is not None:
-        draft_logits, conf = drafter.draft(last, dcache, slots, attn_len=attn_len + drafter.config.block_size)
+        draft_logits, conf = drafter.draft(last, dcache, slots, attn_len=attn_len + drafter.config.block_size,
+                                           policy=policy)
         drafts = drafter.propose(draft_logits, dcache, slots)
         block = torch.cat([last[:, None], drafts], dim=1)
         budget = drafter.verify_budget(conf)
@@ -176,10 +183,10 @@ def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter |
     index = tcache.kv_len[slots].long()[:, None] + torch.arange(T, device=slots.device)
     positions = (index + tcache.rope_delta[slots][:, None]).expand(3, B, T)
     capture = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
-    with batch_invariant_rows():  # a token's logits do not depend on the block or batch it is computed in
-        hidden, feats = target.forward_cached(target.text.embed_tokens(block), positions, tcache, slots, "verify",
-                                              capture=capture, attn_len=attn_len + T)
-        logits = target.logits(hidden)
+    step = policy.for_steps()
+    hidden, feats = target.forward_cached(target.text.embed_tokens(block), positions, tcache, slots, "verify",
+                                          capture=capture, attn_len=attn_len + T, policy=step)
+    logits = target.logits(hidden, step)
     tokens = sample(logits, params.temperature, params.top_p, params.top_k, params.seed, index + 1, all_greedy)
     if drafter is None:
         accepted = torch.zeros(B, dtype=torch.long, device=slots.device)
@@ -192,5 +199,5 @@ def decode_step(target: OCRiaForConditionalGeneration, drafter: DFlash2Drafter |
             accepted = torch.minimum(accepted, proposed)
     tcache.commit(slots, accepted + 1)
     if drafter is not None:
-        drafter.append_context(torch.cat(feats, -1), accepted + 1, dcache, slots)
+        drafter.append_context(torch.cat(feats, -1), accepted + 1, dcache, slots, policy)
     return StepResult(tokens, accepted, proposed)

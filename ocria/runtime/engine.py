@@ -12,6 +12,7 @@ from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGenera
 from ocria.models.cache import cache_bytes
 from ocria.models.quantized.formats import QUANT_CONFIG
 from ocria.models.quantized.load import load_quantized_target
+from ocria.plugins.policy import ExecutionPolicy
 from ocria.runtime.processor import PreparedPrompt, Processor
 from ocria.runtime.sampling import SamplingParams
 from ocria.runtime.scheduler import Event, Scheduler
@@ -72,7 +73,8 @@ class Engine:
         root: the engine directory (``manifest.json``, ``target/``, optional ``drafter/``, ``tokenizer/``).
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         dtype: model dtype; default bf16 on CUDA, fp32 on the CPU.
-        use_plugins: the Triton kernels (``ocria.plugins``) instead of the PyTorch references; default on CUDA.
+        policy: how the plugin ops run (``ocria.plugins.policy``); default ``ExecutionPolicy.from_env()``, the Triton
+            kernels on CUDA and the PyTorch references elsewhere, with what the ``OCRIA_*`` variables change.
         verify: check the files against the manifest's hashes first.
         use_graphs: run decode steps and prefill as CUDA graphs; default on CUDA.
         gpu_memory_fraction: in (0, 1]; the caches may take what is free minus ``1 - gpu_memory_fraction`` of the
@@ -81,19 +83,22 @@ class Engine:
     Attributes:
         max_batch_size: sequence slots, the profile's capped by the device's memory.
         block_size: tokens a ``spec`` step verifies (the drafter's block; 1 without a drafter).
+        policy: the execution policy every forward of the engine runs under.
         plugins: ``"triton"`` or ``"reference"``, as the generation stats report it.
     """
 
     def __init__(self, root: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                 use_plugins: bool | None = None, verify: bool = True, use_graphs: bool | None = None,
+                 policy: ExecutionPolicy | None = None, verify: bool = True, use_graphs: bool | None = None,
                  gpu_memory_fraction: float = 0.9):
         self.root = Path(root)
+        self.policy = policy if policy is not None else ExecutionPolicy.from_env()  # a bad OCRIA_* value fails first
         check_fraction(gpu_memory_fraction)
         if not self.root.is_dir():
             raise OcriaError(f"{self.root}: engine directory not found")
         self.manifest = verify_engine(self.root) if verify else {}
         profile = EngineProfile.from_manifest(self.manifest)
         self.device = resolve_device(device)
+        self.plugins = "triton" if self.policy.runs_kernels(self.device) else "reference"
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
@@ -104,15 +109,10 @@ class Engine:
         self.processor = Processor.from_engine_dir(self.root, profile.max_image_pixels)
         self.target = load_target(self.root / "target", self.dtype, str(self.device),
                                   self.manifest.get("quantized_layers"))
-        self.target.set_plugins(use_plugins)
         self.target.text.fuse_projections()
-        self.plugins = "triton" if (use_plugins if use_plugins is not None else self.device.type == "cuda") \
-            else "reference"
         drafter_dir = self.root / "drafter"
         self.drafter = (DFlash2Drafter.from_pretrained(drafter_dir, self.target, self.dtype, str(self.device))
                         if drafter_dir.is_dir() else None)
-        if self.drafter is not None:
-            self.drafter.set_plugins(use_plugins)
         self.block_size = self.drafter.config.block_size if self.drafter else 1
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ocria.models import DrafterCache, OCRiaForConditionalGeneration, TargetCache
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 from ocria.runtime.decode import PrefillInputs, SamplingTensors, decode_step, prefill_forward
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -43,11 +44,13 @@ class GraphDecoder:
         dcache: the drafter's context cache, or None.
         pad_slot: a cache slot no request uses: the rows of a bucket beyond the live batch point at it.
         max_batch: the most live rows a step has.
+        policy: the execution policy the captured steps run under.
     """
 
     def __init__(self, target: OCRiaForConditionalGeneration, drafter, tcache: TargetCache,
-                 dcache: DrafterCache | None, pad_slot: int, max_batch: int):
+                 dcache: DrafterCache | None, pad_slot: int, max_batch: int, policy: ExecutionPolicy = AUTO):
         self.target, self.drafter, self.tcache, self.dcache = target, drafter, tcache, dcache
+        self.policy = policy
         self.pad_slot = pad_slot
         self.max_rows = bucket(max_batch, BATCH_BUCKETS)
         dev = tcache.kv_len.device
@@ -76,7 +79,7 @@ class GraphDecoder:
         p = self.params
         params = SamplingTensors(p.temperature[:rows], p.top_p[:rows], p.top_k[:rows], p.seed[:rows])
         res = decode_step(self.target, self.drafter if spec else None, self.tcache, self.dcache if spec else None,
-                          self.slots[:rows], self.last[:rows], params, attn_len, all_greedy=greedy)
+                          self.slots[:rows], self.last[:rows], params, attn_len, all_greedy=greedy, policy=self.policy)
         T = res.tokens.shape[1]
         self.last[:rows].copy_(res.tokens.gather(1, res.accepted[:, None])[:, 0])
         self.out[:rows, :T].copy_(res.tokens)
@@ -170,12 +173,15 @@ class PrefillGraphs:
         dcache: the drafter's context cache, or None.
         pad_slot: a cache slot no request uses, where warm-up and capture run.
         chunk: prompt tokens per forward (``prefill_forward``).
+        policy: the execution policy the captured prefills run under.
         max_graphs: captured shapes kept, least recently used dropped first.
     """
 
     def __init__(self, target: OCRiaForConditionalGeneration, drafter, tcache: TargetCache,
-                 dcache: DrafterCache | None, pad_slot: int, chunk: int, max_graphs: int = 16):
+                 dcache: DrafterCache | None, pad_slot: int, chunk: int, max_graphs: int = 16,
+                 policy: ExecutionPolicy = AUTO):
         self.target, self.drafter, self.tcache, self.dcache = target, drafter, tcache, dcache
+        self.policy = policy
         self.pad_slot, self.chunk, self.max_graphs = pad_slot, chunk, max_graphs
         self.slot = torch.full((1,), pad_slot, dtype=torch.long, device=tcache.kv_len.device)
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, PrefillInputs, Tensor]] = OrderedDict()
@@ -224,7 +230,7 @@ class PrefillGraphs:
     def _forward(self, inputs: PrefillInputs, spec: bool) -> Tensor:
         drafter = self.drafter if spec else None
         return prefill_forward(self.target, drafter, self.tcache, self.dcache if spec else None, self.slot, inputs,
-                               self.chunk)
+                               self.chunk, self.policy)
 
     def _capture(self, inputs: PrefillInputs, spec: bool) -> tuple[torch.cuda.CUDAGraph, PrefillInputs, Tensor]:
         static = PrefillInputs(*(None if t is None else t.clone() for t in (

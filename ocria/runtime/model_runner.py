@@ -41,9 +41,9 @@ class ModelRunner:
             d.config.num_hidden_layers, d.config.num_key_value_heads, d.config.head_dim, slots, self.max_len,
             dtype, device)
         self.decode_graphs = (GraphDecoder(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
-                                           self.max_batch_size) if engine.use_graphs else None)
+                                           self.max_batch_size, engine.policy) if engine.use_graphs else None)
         self.prefill_graphs = (PrefillGraphs(engine.target, d, self.tcache, self.dcache, self.max_batch_size,
-                                             engine.prefill_chunk) if engine.use_graphs else None)
+                                             engine.prefill_chunk, policy=engine.policy) if engine.use_graphs else None)
 
     def sampling_tensors(self, params: list[SamplingParams]) -> SamplingTensors:
         """The rows' sampling parameters as [B] device tensors (temperature, top_p float32; top_k, seed long)."""
@@ -76,7 +76,7 @@ class ModelRunner:
         else:
             slots = torch.tensor([slot], device=engine.device)
             logits = prefill_forward(engine.target, engine.drafter if spec else None, self.tcache,
-                                     self.dcache if spec else None, slots, inputs, engine.prefill_chunk)
+                                     self.dcache if spec else None, slots, inputs, engine.prefill_chunk, engine.policy)
         p = self.sampling_tensors([params])
         pos = torch.tensor([prompt.input_ids.numel()], device=engine.device)
         return sample(logits, p.temperature, p.top_p, p.top_k, p.seed, pos, params.temperature == 0)
@@ -109,7 +109,7 @@ class ModelRunner:
             result = decode_step(engine.target, engine.drafter if spec else None, self.tcache,
                                  self.dcache if spec else None, torch.tensor(slots, device=dev),
                                  torch.tensor(last_tokens, device=dev), self.sampling_tensors(params), attn_len,
-                                 greedy)
+                                 greedy, engine.policy)
             out = (result.tokens, result.accepted, result.proposed)
         tokens, accepted, proposed = (x.tolist() for x in out)
         return tokens, accepted, proposed

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ocria.plugins.switch import invariance_enabled
 from ocria.runtime.detok import IncrementalDetokenizer
 from ocria.runtime.model_runner import ModelRunner
 from ocria.runtime.processor import PreparedPrompt
@@ -36,7 +35,7 @@ class GenerationStats:
     batch_size_max: int = 0  # the largest batch the request's tokens came from
     mode: str = "spec"  # ``SamplingParams.mode``
     plugins: str = "reference"  # ``Engine.plugins``: "triton" or "reference"
-    batch_invariant: bool = True  # decode steps in batch_invariant_rows() (OCRIA_BATCH_INVARIANT)
+    batch_invariant: bool = True  # decode steps with batch-invariant rows (``ExecutionPolicy.batch_invariant``)
 
 
 @dataclass
@@ -119,7 +118,7 @@ class Scheduler:
         req.stats.num_prompt_tokens = prompt.input_ids.numel()
         req.stats.mode = params.mode
         req.stats.plugins = self.engine.plugins
-        req.stats.batch_invariant = invariance_enabled()
+        req.stats.batch_invariant = self.engine.policy.batch_invariant
         self.waiting.append(req)
         return rid
 

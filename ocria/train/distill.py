@@ -25,6 +25,7 @@ from torch import Tensor
 from ocria.models import DFlash2Drafter, DrafterConfig, OCRiaForConditionalGeneration
 from ocria.models.init import random_init
 from ocria.models.layers import apply_rotary
+from ocria.plugins.policy import REFERENCE
 from ocria.train.data import IGNORE, Batch
 
 DECAY = 7.0
@@ -32,7 +33,6 @@ DECAY = 7.0
 
 def build_drafter(drafter_cfg: dict, target: OCRiaForConditionalGeneration, seed: int) -> DFlash2Drafter:
     drafter = random_init(DFlash2Drafter(DrafterConfig.from_dict(drafter_cfg)), seed)
-    drafter.set_plugins(False)  # autograd needs the references (the kernels have no backward)
     return drafter.bind(target.text.embed_tokens, target.lm_head).train()
 
 
@@ -59,16 +59,16 @@ def greedy_sequences(target: OCRiaForConditionalGeneration, batch: Batch, captur
     for it in range(iters + 1):
         embeds = torch.where(gen[..., None], target.text.embed_tokens(seq), base)
         last = it == iters
-        hidden, feats = target.text(embeds, positions, capture=capture if last else ())
-        pred = target.logits(hidden).argmax(-1)
+        hidden, feats = target.text(embeds, positions, capture=capture if last else (), policy=REFERENCE)
+        pred = target.logits(hidden, REFERENCE).argmax(-1)
         if last:
             break
         nxt = seq.clone()
         nxt[:, 1:] = torch.where(gen[:, 1:], pred[:, :-1], seq[:, 1:])
         if torch.equal(nxt, seq):
             embeds = torch.where(gen[..., None], target.text.embed_tokens(seq), base)
-            hidden, feats = target.text(embeds, positions, capture=capture)
-            pred = target.logits(hidden).argmax(-1)
+            hidden, feats = target.text(embeds, positions, capture=capture, policy=REFERENCE)
+            pred = target.logits(hidden, REFERENCE).argmax(-1)
             break
         seq = nxt
     label = torch.full_like(seq, IGNORE)
@@ -121,7 +121,7 @@ def block_forward(drafter: DFlash2Drafter, feats: Tensor, anchors: Tensor, block
     nA, Bs = block_ids.shape[1:]
     T = nA * Bs
     dev = feats.device
-    ctx = drafter.hidden_norm(drafter.fc(feats))
+    ctx = drafter.hidden_norm(drafter.fc(feats), REFERENCE)
     ccos, csin = drafter._rope(torch.arange(M, device=dev).expand(B, M), ctx.dtype)
     x = drafter.embed_tokens(block_ids.view(B, T))
     bcos, bsin = drafter._rope((anchors[..., None] + torch.arange(Bs, device=dev)).view(B, T), x.dtype)
@@ -135,19 +135,19 @@ def block_forward(drafter: DFlash2Drafter, feats: Tensor, anchors: Tensor, block
             conv = F.conv1d(F.pad(xb, (kc - 1, 0)), layer.local_conv.weight.to(xb.dtype), groups=xb.shape[1])
             x = x + conv.transpose(1, 2).reshape(B, T, -1)
         attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = attn.q_norm(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim))
+        h = layer.input_layernorm(x, REFERENCE)
+        q = attn.q_norm(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim), REFERENCE)
         q = apply_rotary(q, bcos[:, :, None], bsin[:, :, None])
-        kb, vb = attn.kv(h, bcos, bsin)
-        kx, vx = attn.kv(ctx, ccos, csin)
+        kb, vb = attn.kv(h, bcos, bsin, REFERENCE)
+        kx, vx = attn.kv(ctx, ccos, csin, REFERENCE)
         rep = attn.num_heads // attn.num_kv_heads
         k = torch.cat([kx, kb], dim=1).transpose(1, 2).repeat_interleave(rep, dim=1)
         v = torch.cat([vx, vb], dim=1).transpose(1, 2).repeat_interleave(rep, dim=1)
         o = F.scaled_dot_product_attention(q.transpose(1, 2), k.to(q.dtype), v.to(q.dtype), attn_mask=mask,
                                            scale=attn.head_dim**-0.5)
         x = x + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    out = drafter.norm(x).view(B, nA, Bs, -1)[:, :, 1:]
+        x = x + layer.mlp(layer.post_attention_layernorm(x, REFERENCE), REFERENCE)
+    out = drafter.norm(x, REFERENCE).view(B, nA, Bs, -1)[:, :, 1:]
     sel = drafter.selector_head(out).float()[..., 0] if cfg.selector_head else None
     return drafter.lm_head(out).float(), sel
 

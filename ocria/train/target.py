@@ -9,6 +9,7 @@ from torch import Tensor
 from ocria.models import OCRiaConfig, OCRiaForConditionalGeneration
 from ocria.models.gdn import GatedDeltaNet
 from ocria.models.init import name_seeded, random_init
+from ocria.plugins.policy import REFERENCE
 from ocria.train.data import IGNORE, Batch
 
 DT_RANGE = (1e-3, 0.1)  # per-head step size softplus(dt_bias) at init, log-uniform
@@ -36,11 +37,11 @@ def init_gdn_memory(model: torch.nn.Module, seed: int, dt_range: tuple[float, fl
 
 def build_target(target_cfg: dict, seed: int) -> OCRiaForConditionalGeneration:
     """Seeded random init (the builder's ``random_init``) with long-memory GDN heads, trainable, tied head
-    bound, plugin kernels off."""
+    bound. Its forwards run under ``REFERENCE``: autograd needs the references (the kernels have no backward), and
+    no-grad diagnostics then match training."""
     model = random_init(OCRiaForConditionalGeneration(OCRiaConfig.from_dict(target_cfg)), seed)
     init_gdn_memory(model, seed)
     model.tie_weights()
-    model.set_plugins(False)  # autograd needs the references; no-grad diagnostics then match training
     for p in model.parameters():
         p.requires_grad_(True)
     return model.train()
@@ -51,8 +52,8 @@ def target_loss(model: OCRiaForConditionalGeneration, batch: Batch) -> Tensor:
     hundreds that is cheap, and selecting the answer positions first (a boolean index) would stop the host
     until the GPU had run the whole forward."""
     embeds = model.embed(batch.input_ids, batch.pixel_values, batch.image_grid_thw)
-    hidden, _ = model.text(embeds, batch.positions)
-    return F.cross_entropy(model.logits(hidden).flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE)
+    hidden, _ = model.text(embeds, batch.positions, policy=REFERENCE)
+    return F.cross_entropy(model.logits(hidden, REFERENCE).flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE)
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ import torch
 
 from bench.ops.presets import drafter_config, text_config
 from bench.ops.registry import Floor, Inputs, OpBench, Shape, Tolerance, Variant, leading_rows, shape
+from bench.ops.switches import current
 from ocria.plugins.decode_attention import decode_attention
 from ocria.plugins.decode_attention.kernel import decode_attention_triton
 from ocria.plugins.decode_attention.reference import decode_attention_reference
@@ -58,7 +59,7 @@ def _op(causal: bool) -> OpBench:
     return OpBench(
         name=name, shapes=shapes, inputs=attention_inputs, floor=attention_floor,
         reference=partial(_call, decode_attention_reference, causal),
-        variants={"kernel": Variant(partial(_call, decode_attention, causal, use_kernel=True)),
+        variants={"kernel": Variant(lambda i: _call(decode_attention, causal, i, policy=current())),
                   "one_chunk": Variant(partial(_call, decode_attention_triton, causal, num_splits=1))},
         check=Tolerance("rel", 2e-2, "bf16 (tests/test_decode_attention.py)"),
         rows=lambda i, r: leading_rows(i, r, ("q", "slots", "start")))

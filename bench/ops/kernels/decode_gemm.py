@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from bench.ops.presets import linear_shapes
 from bench.ops.ptxas import Sm90Build
 from bench.ops.registry import Floor, Inputs, OpBench, Shape, Tolerance, Variant, leading_rows, shape
+from bench.ops.switches import current
 from ocria.plugins.decode_gemm import decode_gemm, decode_gemm_fp8, decode_gemm_fp8_fp32, decode_gemm_fp32
 from ocria.plugins.decode_gemm.kernel import BLOCK_M, _decode_gemm_kernel, default_config
 
@@ -82,7 +83,7 @@ BENCHES = (
     OpBench(
         name="decode_gemm", shapes=gemm_shapes(), inputs=bf16_inputs, floor=bf16_floor,
         reference=lambda i: (decode_gemm_fp32(i["x"], i["w"]),),
-        variants={"kernel": Variant(lambda i: (decode_gemm(i["x"], i["w"], use_kernel=True),)),
+        variants={"kernel": Variant(lambda i: (decode_gemm(i["x"], i["w"], policy=current()),)),
                   "cublas": Variant(lambda i: (F.linear(i["x"], i["w"]),), kernel=False)},
         check=ONE_ROUNDING, baseline="cublas", rows=lambda i, r: leading_rows(i, r, ("x",)),
         ptxas={"kernel": sm90_build}),
@@ -90,7 +91,7 @@ BENCHES = (
         name="decode_gemm_fp8", shapes=gemm_shapes(), inputs=fp8_inputs, floor=fp8_floor,
         reference=lambda i: (decode_gemm_fp8_fp32(i["q"], i["w"], i["x_scale"], i["w_scale"]),),
         variants={"kernel": Variant(lambda i: (decode_gemm_fp8(i["q"], i["w"], i["x_scale"], i["w_scale"],
-                                                               use_kernel=True),)),
+                                                               policy=current()),)),
                   "scaled_mm": Variant(_scaled_mm, cuda_only=True, kernel=False)},
         check=ONE_ROUNDING, baseline="scaled_mm", rows=lambda i, r: leading_rows(i, r, ("q", "x_scale")),
         ptxas={"kernel": lambda s: sm90_build(s, fp8=True)}),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from bench.ops.presets import linear_shapes
 from bench.ops.registry import Floor, Inputs, OpBench, Shape, Tolerance, Variant, leading_rows, shape
-from bench.ops.switches import without
+from bench.ops.switches import current, without
 from ocria.plugins import numerics as nx
 from ocria.plugins.fp4_gemm import nvfp4_gemm, nvfp4_gemm_reference
 
@@ -47,7 +47,7 @@ def _args(i: Inputs) -> tuple[torch.Tensor, ...]:
 
 
 def _kernel(i: Inputs) -> tuple[torch.Tensor]:
-    return (nvfp4_gemm(*_args(i), use_kernel=True),)
+    return (nvfp4_gemm(*_args(i), policy=current()),)
 
 
 BENCHES = (

@@ -12,6 +12,7 @@ import torch
 from bench.ops.presets import text_config
 from bench.ops.ptxas import Sm90Build
 from bench.ops.registry import BITS, Floor, Inputs, OpBench, Shape, Variant, leading_rows, shape
+from bench.ops.switches import current
 from ocria.plugins.decode_gemm.kernel import decode_gemm_triton
 from ocria.plugins.gemm_prologue import Prologue, prologue_gemm, prologue_gemm_reference
 from ocria.plugins.gemm_prologue.kernel import _prologue_gemm_kernel, prologue_config
@@ -91,7 +92,7 @@ def _op(kind: Prologue) -> OpBench:
     return OpBench(
         name=f"gemm_prologue_{kind.name.lower()}", shapes=prologue_shapes(kind), inputs=partial(prologue_inputs, kind),
         floor=prologue_floor, reference=lambda i: (prologue_gemm_reference(*_args(kind, i)),),
-        variants={"kernel": Variant(lambda i: (prologue_gemm(*_args(kind, i), use_kernel=True),)),
+        variants={"kernel": Variant(lambda i: (prologue_gemm(*_args(kind, i), policy=current()),)),
                   "unfused": Variant(partial(unfused, kind))},
         check=BITS, baseline="unfused", rows=lambda i, r: leading_rows(i, r, ("a", "b")),
         ptxas={"kernel": partial(sm90_build, kind)})

@@ -7,6 +7,7 @@ import torch
 
 from bench.ops.presets import drafter_config, text_config
 from bench.ops.registry import BITS, Floor, Inputs, OpBench, Shape, Variant, shape
+from bench.ops.switches import current
 from ocria.plugins.kv_write import kv_write, kv_write_reference
 
 LENGTH = 4096  # cache positions per slot
@@ -49,6 +50,6 @@ def _write(fn, i: Inputs) -> tuple[torch.Tensor, ...]:
 BENCHES = (
     OpBench(name="kv_write", shapes=kv_shapes(), inputs=kv_inputs, floor=kv_floor,
             reference=lambda i: _write(kv_write_reference, i),
-            variants={"kernel": Variant(lambda i: _write(lambda *a: kv_write(*a, use_kernel=True), i))},
+            variants={"kernel": Variant(lambda i: _write(lambda *a: kv_write(*a, policy=current()), i))},
             check=BITS, mutates=True),
 )

@@ -12,7 +12,7 @@ import torch
 from bench.ops.presets import text_config
 from bench.ops.ptxas import Sm90Build
 from bench.ops.registry import Floor, Inputs, OpBench, Shape, Tolerance, Variant, leading_rows, shape
-from bench.ops.switches import invariant, without
+from bench.ops.switches import current, invariant, without
 from ocria.plugins.replay_ssm import reference as R
 from ocria.plugins.replay_ssm.kernel import (
     PREFETCH_MAX_BLOCK_V,
@@ -78,7 +78,7 @@ def _call(fn, i: Inputs) -> tuple[torch.Tensor, ...]:
 
 
 def _kernel(i: Inputs) -> tuple[torch.Tensor, ...]:
-    return _call(partial(replay_verify, use_kernel=True), i)
+    return _call(partial(replay_verify, policy=current()), i)
 
 
 def sm90_build(s: Shape) -> Sm90Build:
@@ -145,6 +145,6 @@ BENCHES = (
     _replay_op("replay_ssm_step", 1),
     OpBench(name="replay_ssm_conv", shapes=conv_shapes(), inputs=conv_inputs, floor=conv_floor,
             reference=partial(_conv, R.causal_conv_verify_ref),
-            variants={"kernel": Variant(partial(_conv, partial(causal_conv_verify, use_kernel=True)))},
+            variants={"kernel": Variant(lambda i: _conv(partial(causal_conv_verify, policy=current()), i))},
             check=TF32, mutates=True, rows=lambda i, r: leading_rows(i, r, ("x", "slot_ids"))),
 )

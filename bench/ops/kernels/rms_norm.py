@@ -9,6 +9,7 @@ import torch
 
 from bench.ops.presets import text_config
 from bench.ops.registry import Floor, Inputs, OpBench, Shape, Tolerance, Variant, leading_rows, shape
+from bench.ops.switches import current
 from ocria.plugins.rms_norm import add_rms_norm, gated_rms_norm, rms_norm, rms_norm_rope
 from ocria.plugins.rms_norm.reference import (
     add_rms_norm_reference,
@@ -74,27 +75,27 @@ BENCHES = (
     OpBench(name="rms_norm", shapes=hidden_shapes(), inputs=norm_inputs,
             floor=lambda s: Floor(2 * 2 * _elements(s) + 2 * s["N"], 4 * _elements(s)),
             reference=lambda i: (rms_norm_reference(i["x"], i["w"], EPS, 1.0),),
-            variants={"kernel": Variant(lambda i: (rms_norm(i["x"], i["w"], EPS, 1.0, use_kernel=True),))},
+            variants={"kernel": Variant(lambda i: (rms_norm(i["x"], i["w"], EPS, 1.0, policy=current()),))},
             check=Tolerance("ulps", 1, "one rounding of an fp32 norm a few fp32 ulps apart"),
             rows=lambda i, r: leading_rows(i, r, ("x", "residual"))),
     OpBench(name="add_rms_norm", shapes=hidden_shapes(), inputs=norm_inputs,
             floor=lambda s: Floor(4 * 2 * _elements(s) + 2 * s["N"], 5 * _elements(s)),
             reference=lambda i: add_rms_norm_reference(i["x"], i["residual"], i["w"], EPS, 1.0),
             variants={"kernel": Variant(lambda i: add_rms_norm(i["x"], i["residual"], i["w"], EPS, 1.0,
-                                                               use_kernel=True))},
+                                                               policy=current()))},
             check=Tolerance("ulps", 1, "the sum exact, the norm one rounding"),
             rows=lambda i, r: leading_rows(i, r, ("x", "residual"))),
     OpBench(name="gated_rms_norm", shapes=head_shapes(gdn=True), inputs=gated_inputs,
             floor=lambda s: Floor(3 * 2 * _elements(s) + 2 * s["D"], 8 * _elements(s)),
             reference=lambda i: (gated_rms_norm_reference(i["x"], i["z"], i["w"], EPS),),
-            variants={"kernel": Variant(lambda i: (gated_rms_norm(i["x"], i["z"], i["w"], EPS, use_kernel=True),))},
+            variants={"kernel": Variant(lambda i: (gated_rms_norm(i["x"], i["z"], i["w"], EPS, policy=current()),))},
             check=Tolerance("ulps", 4, "three roundings carry a boundary flip of the norm (bench plugins check)"),
             rows=lambda i, r: leading_rows(i, r, ("x", "z"))),
     OpBench(name="rms_norm_rope", shapes=head_shapes(gdn=False), inputs=rope_inputs,
             floor=lambda s: Floor(2 * 2 * _elements(s) + 2 * 2 * s["M"] * s["R"] + 2 * s["D"], 6 * _elements(s)),
             reference=lambda i: (rms_norm_rope_reference(i["x"], i["w"], i["cos"], i["sin"], EPS, 1.0, False),),
             variants={"kernel": Variant(lambda i: (rms_norm_rope(i["x"], i["w"], i["cos"], i["sin"], EPS, 1.0,
-                                                                 use_kernel=True),))},
+                                                                 policy=current()),))},
             check=Tolerance("rel", 2e-2, "the norm's ulps through the rotary's cancellations"),
             rows=lambda i, r: leading_rows(i, r, ("x", "cos", "sin"))),
 )

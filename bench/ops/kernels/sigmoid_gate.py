@@ -7,6 +7,7 @@ import torch
 
 from bench.ops.presets import text_config
 from bench.ops.registry import Floor, Inputs, OpBench, Shape, Tolerance, Variant, leading_rows, shape
+from bench.ops.switches import current
 from ocria.plugins.sigmoid_gate import sigmoid_gate, sigmoid_gate_reference
 
 
@@ -33,7 +34,7 @@ def gate_floor(s: Shape) -> Floor:
 BENCHES = (
     OpBench(name="sigmoid_gate", shapes=gate_shapes(), inputs=gate_inputs, floor=gate_floor,
             reference=lambda i: (sigmoid_gate_reference(i["o"], i["gate"]),),
-            variants={"kernel": Variant(lambda i: (sigmoid_gate(i["o"], i["gate"], use_kernel=True),))},
+            variants={"kernel": Variant(lambda i: (sigmoid_gate(i["o"], i["gate"], policy=current()),))},
             check=Tolerance("ulps", 1, "sigmoid's rounding (bench plugins check)"),
             rows=lambda i, r: leading_rows(i, r, ("o", "gate"))),
 )

@@ -11,6 +11,7 @@ import torch
 from bench.ops.presets import text_config
 from bench.ops.ptxas import Sm90Build, compile_sm90, tile_loop_loads
 from bench.ops.registry import BITS, Floor, Inputs, OpBench, Shape, Variant, leading_rows, shape
+from bench.ops.switches import current
 from ocria.plugins import numerics as nx
 from ocria.plugins.silu_quant import silu_mul_quant, silu_mul_quant_reference
 from ocria.plugins.silu_quant.kernel import (
@@ -117,7 +118,7 @@ def nvfp4_loop_stats(n: int, cfg: dict) -> dict:
 
 
 def _op(mode: str) -> OpBench:
-    variants = {"kernel": Variant(lambda i: _outputs(silu_mul_quant(i["gate_up"], mode, _scale(i), use_kernel=True)))}
+    variants = {"kernel": Variant(lambda i: _outputs(silu_mul_quant(i["gate_up"], mode, _scale(i), policy=current())))}
     if mode == "fp8_dynamic":
         for name, cfg in FP8_DYNAMIC_FORMS.items():
             variants[name] = Variant(lambda i, c=cfg: _outputs(silu_mul_quant_triton(i["gate_up"], mode, None, c)))

@@ -14,6 +14,7 @@ from ocria.bench.engine.oracle import check_table, first_mismatch, new_table
 if TYPE_CHECKING:
     from torch import Tensor
 
+    from ocria.plugins.policy import ExecutionPolicy
     from ocria.runtime.processor import PreparedPrompt
 
 FP32_TAU = 8.0  # the fp32 check's forced-acceptance mode (with oracle), capped at the block size
@@ -62,7 +63,7 @@ class LosslessCheck:
         return all(x["first_divergence"] is None or x["tie"] for x in report), report
 
 
-def step_logits(target, prompt: PreparedPrompt, tokens: list[int], chunk: int) -> Tensor:
+def step_logits(target, prompt: PreparedPrompt, tokens: list[int], chunk: int, policy: ExecutionPolicy) -> Tensor:
     """Logits of ``tokens`` teacher-forced after ``prompt``'s prefill, in decode steps of ``chunk`` tokens.
 
     Args:
@@ -70,6 +71,7 @@ def step_logits(target, prompt: PreparedPrompt, tokens: list[int], chunk: int) -
         prompt: the document prompt, prefilled first.
         tokens: n token ids fed after it.
         chunk: tokens per step (1: the ar path; the block size: the verify path).
+        policy: the execution policy of the forwards (not a decode step's: the steps are not batch-invariant).
     Returns:
         [1, n rounded up to a multiple of ``chunk``, V] logits, one per fed position.
     """
@@ -83,7 +85,7 @@ def step_logits(target, prompt: PreparedPrompt, tokens: list[int], chunk: int) -
     embed = target.text.embed_tokens.weight
     with torch.no_grad():
         cache = TargetCache.allocate(cfg, 1, L + n + chunk, chunk, embed.dtype, embed.device)
-        prefill(target, None, cache, None, 0, prompt, chunk=PREFILL_CHUNK)
+        prefill(target, None, cache, None, 0, prompt, chunk=PREFILL_CHUNK, policy=policy)
         slot = torch.zeros(1, dtype=torch.long, device=embed.device)
         ids = torch.tensor(tokens, device=embed.device)[None]
         out = []
@@ -91,17 +93,18 @@ def step_logits(target, prompt: PreparedPrompt, tokens: list[int], chunk: int) -
             index = cache.kv_len[slot].long()[:, None] + torch.arange(chunk, device=embed.device)
             pos = (index + cache.rope_delta[slot][:, None]).expand(3, 1, chunk)
             hidden, _ = target.forward_cached(target.text.embed_tokens(ids[:, s:s + chunk]), pos, cache, slot,
-                                              "verify", attn_len=L + n)
+                                              "verify", attn_len=L + n, policy=policy)
             cache.commit(slot, torch.full((1,), chunk, device=embed.device))
-            out.append(target.logits(hidden))
+            out.append(target.logits(hidden, policy))
         return torch.cat(out, 1)
 
 
-def path_noise(target, prompt: PreparedPrompt, tokens: list[int], block: int) -> float:
+def path_noise(target, prompt: PreparedPrompt, tokens: list[int], block: int, policy: ExecutionPolicy) -> float:
     """Max |logit| difference between the ar path (T=1 steps) and the verify path (one T=block step)
     on the same teacher-forced tokens: how far apart the two computations are in this precision."""
     tokens = tokens[:block]
-    return float((step_logits(target, prompt, tokens, 1) - step_logits(target, prompt, tokens, block)).abs().max())
+    ar, verify = (step_logits(target, prompt, tokens, t, policy) for t in (1, block))
+    return float((ar - verify).abs().max())
 
 
 def record_table_check(result: dict, table: Tensor, start: int, tokens: list[list[int]], row: RunRow,
@@ -145,7 +148,7 @@ def fp32_check(cfg: BenchConfig, prompt: PreparedPrompt, result: dict) -> bool:
 
 def measure_path_noise(models: Models, prompt: PreparedPrompt, result: dict) -> float:
     """The ar/verify path noise in the run's precision: the spec == ar check's tie margin is twice it."""
-    noise = path_noise(models.target, prompt, [1 + i for i in range(16)], models.block)
+    noise = path_noise(models.target, prompt, [1 + i for i in range(16)], models.block, models.policy)
     result["path_noise"] = noise
     print(f"{result['dtype']} logit noise between ar and verify paths: {noise:.4g}", flush=True)
     return noise

@@ -9,8 +9,12 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ocria.errors import OcriaError
+
+if TYPE_CHECKING:
+    from ocria.plugins.policy import ExecutionPolicy
 
 DEFAULT_BATCHES = (1, 8, 32, 64)
 DEFAULT_MODES = ("ar", "oracle", "tau=8", "spec")
@@ -73,7 +77,7 @@ class BenchConfig:
     tokens: int
     device: str  # "cpu" or "cuda[:N]"
     recipe: str | None
-    plugins: bool | None  # None: kernels on CUDA, reference elsewhere
+    policy: ExecutionPolicy  # how the plugin ops run (--plugins and the OCRIA_* variables)
     fuse: bool
     draft_vocab: int | None
     fp32_check: int
@@ -122,6 +126,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The run's settings from the command line; a one-line OcriaError for any bad flag, before models load."""
+    from ocria.plugins.policy import ExecutionPolicy
+
     engine, preset = args.engine, args.preset
     if engine is not None and preset is not None:
         raise OcriaError("--engine and --preset both name a model: give one")
@@ -156,7 +162,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         image=Path(args.image) if args.image is not None else None, batches=batches,
         modes=tuple(sorted(modes, key=lambda m: m.spec)),  # ar first (a stable sort keeps the rest in order)
         tokens=args.tokens, device=device, recipe=args.recipe if args.recipe not in (None, "bf16") else None,
-        plugins={"auto": None, "on": True, "off": False}[args.plugins], fuse=not args.no_fuse,
+        policy=ExecutionPolicy.from_env(args.plugins), fuse=not args.no_fuse,
         draft_vocab=args.draft_vocab, fp32_check=args.fp32_check if cuda else 0,
         hf=hf if args.hf is not None else (DEFAULT_HF_BATCHES if cuda else ()), profile=args.profile, out=out)
 

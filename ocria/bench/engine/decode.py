@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from ocria.models import DrafterCache, TargetCache
+    from ocria.plugins.policy import ExecutionPolicy
     from ocria.runtime.processor import PreparedPrompt
 
 
@@ -24,8 +25,9 @@ class EagerDecoder:
     """``GraphDecoder.step`` without a graph (CPU): the same ``decode_step`` run eagerly, its inputs kept from one
     step to the next as the graph keeps them, the same host outputs."""
 
-    def __init__(self, target, drafter, tcache: TargetCache, dcache: DrafterCache | None):
+    def __init__(self, target, drafter, tcache: TargetCache, dcache: DrafterCache | None, policy: ExecutionPolicy):
         self.target, self.drafter, self.tcache, self.dcache = target, drafter, tcache, dcache
+        self.policy = policy
         self.composition: tuple | None = None
         self.slots = self.last = self.params = None
 
@@ -43,7 +45,8 @@ class EagerDecoder:
             self.composition = composition
         T = self.drafter.config.block_size if spec else 1
         res = decode_step(self.target, self.drafter if spec else None, self.tcache, self.dcache if spec else None,
-                          self.slots, self.last, self.params, min(max_len + T, self.tcache.max_len), greedy)
+                          self.slots, self.last, self.params, min(max_len + T, self.tcache.max_len), greedy,
+                          self.policy)
         self.last = res.tokens.gather(1, res.accepted[:, None])[:, 0]
         return res.tokens, res.accepted, res.proposed
 
@@ -182,9 +185,9 @@ def setup_run(models: Models, prompt: PreparedPrompt, rows: int, mode: Mode, tab
     elif mode.spec:
         use = dc
     if dev.type == "cuda":
-        decoder = GraphDecoder(target, use, tcache, dcache, pad_slot=rows, max_batch=rows)
+        decoder = GraphDecoder(target, use, tcache, dcache, pad_slot=rows, max_batch=rows, policy=models.policy)
     else:
-        decoder = EagerDecoder(target, use, tcache, dcache)
+        decoder = EagerDecoder(target, use, tcache, dcache, models.policy)
     return ModeRun(models, prompt, rows, mode, use, tcache, dcache, decoder, greedy_params(rows, dev), horizon)
 
 
@@ -196,7 +199,7 @@ def prefill_rows(run: ModeRun) -> list[int]:
     from ocria.runtime.decode import prefill
 
     first = int(prefill(run.models.target, run.real_drafter, run.tcache, run.dcache, 0, run.prompt,
-                        chunk=PREFILL_CHUNK).argmax(-1))
+                        chunk=PREFILL_CHUNK, policy=run.models.policy).argmax(-1))
     dst = torch.arange(1, run.rows, device=run.models.device)
     for cache in [run.tcache] + ([run.dcache] if run.dcache is not None else []):
         for t in cache_tensors(cache):

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from ocria.models import DFlash2Drafter, OCRiaForConditionalGeneration
+    from ocria.plugins.policy import ExecutionPolicy
     from ocria.runtime.processor import PreparedPrompt, Processor
 
 PAGE_SEED = 7  # the default document: this seed's long synthetic page
@@ -32,6 +33,7 @@ class Models:
     fused: bool
     max_pixels: int | None  # the processor's image limit
     recipe: str | None  # the quantization recipe (an engine's from its manifest)
+    policy: ExecutionPolicy  # how every forward of the run executes its plugin ops
 
     @property
     def block(self) -> int:
@@ -50,10 +52,10 @@ def load_models(cfg: BenchConfig, dtype: torch.dtype, plain: bool = False) -> Mo
 def _engine_models(cfg: BenchConfig, dtype: torch.dtype) -> Models:
     from ocria.runtime import load_engine
 
-    engine = load_engine(cfg.engine, device=cfg.device, dtype=dtype, use_plugins=cfg.plugins, use_graphs=False)
+    engine = load_engine(cfg.engine, device=cfg.device, dtype=dtype, policy=cfg.policy, use_graphs=False)
     quant = _quantized_layers(engine.target)
     return Models(engine.target, engine.drafter, engine.processor, engine.dtype, engine.device, quant, True,
-                  engine.processor.max_pixels, engine.manifest.get("recipe"))
+                  engine.processor.max_pixels, engine.manifest.get("recipe"), cfg.policy)
 
 
 def _preset_models(cfg: BenchConfig, dtype: torch.dtype, plain: bool) -> Models:
@@ -78,17 +80,14 @@ def _preset_models(cfg: BenchConfig, dtype: torch.dtype, plain: bool) -> Models:
 
         formats = quantize_in_place(target, recipe)
         drafter.bind(target.text.embed_tokens, target.lm_head)  # the recipe's FP8 head, if any, replaced the bound one
-    target.set_plugins(cfg.plugins)
     fuse = cfg.fuse and not plain
-    if not plain:
-        drafter.set_plugins(cfg.plugins)
     if fuse:
         target.text.fuse_projections()
         drafter.fuse_projections()
     quant = {f: list(formats.values()).count(f) for f in sorted(set(formats.values()))}
     processor = Processor(preset.assets)
     return Models(target, drafter, processor, dtype, torch.device(cfg.device), quant, fuse, processor.max_pixels,
-                  cfg.recipe or "bf16")
+                  cfg.recipe or "bf16", cfg.policy)
 
 
 def _quantized_layers(target) -> dict[str, int]:

@@ -65,12 +65,12 @@ def profile_steps(models: Models, prompt: PreparedPrompt) -> dict:
         tcache = TargetCache.allocate(target.text_config, 1, L + 256, drafter.config.block_size, models.dtype, dev)
         dcache = drafter_cache(drafter, 1, L + 256, models.dtype, dev) if spec else None
         use = DrafterRanges(ForcedDrafter(drafter, table, None)) if spec else None
-        last = prefill(target, drafter if spec else None, tcache, dcache, 0, prompt).argmax(-1)
+        last = prefill(target, drafter if spec else None, tcache, dcache, 0, prompt, policy=models.policy).argmax(-1)
         for _ in range(3):
-            decode_step(target, use, tcache, dcache, slot, last, params, L + 64, True)
+            decode_step(target, use, tcache, dcache, slot, last, params, L + 64, True, models.policy)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            decode_step(target, use, tcache, dcache, slot, last, params, L + 64, True)
+            decode_step(target, use, tcache, dcache, slot, last, params, L + 64, True, models.policy)
             torch.cuda.synchronize()
         ranges = tuple(f"drafter.{m}" for m in DrafterRanges.METHODS) if spec else ()
         out[mode] = step_profile(kernel_table(prof, ranges), spec)

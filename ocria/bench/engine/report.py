@@ -17,9 +17,6 @@ def start_result(cfg: BenchConfig, models: Models, prompt: PreparedPrompt, bandw
     """The result's header and settings; rows and checks are appended as the run goes."""
     import torch
 
-    from ocria.plugins.launch import pdl_launch
-    from ocria.plugins.switch import disabled_kernels, enabled_kernels, invariance_enabled
-
     drafter = models.drafter
     return {
         **result_header("engine"),
@@ -32,11 +29,12 @@ def start_result(cfg: BenchConfig, models: Models, prompt: PreparedPrompt, bandw
         "batches": list(cfg.batches),
         "modes": [m.name for m in cfg.modes],
         "tokens": cfg.tokens,
-        "plugins": {None: "auto", True: "on", False: "off"}[cfg.plugins],
-        "disabled_kernels": sorted(disabled_kernels()),
-        "enabled_kernels": sorted(enabled_kernels()),
-        "pdl": pdl_launch(models.device) if models.device.type == "cuda" else None,
-        "batch_invariant": invariance_enabled(),
+        "plugins": models.policy.kernels.value,
+        "disabled_kernels": sorted(models.policy.disabled),
+        "enabled_kernels": sorted(models.policy.enabled),
+        "pdl": models.policy.pdl,
+        "batch_invariant": models.policy.batch_invariant,
+        "policy": models.policy.describe(models.device),
         "recipe": models.recipe,
         "quantized_layers": models.quantized_layers,
         "fused_projections": models.fused,

@@ -16,9 +16,8 @@ fit them where cuBLAS's 128-row tiles do not, more through ``torch._scaled_mm``;
 on CUDA, since Hopper has no FP4 tensor cores; everywhere else the weight is dequantized to the compute
 dtype once (cached) and FP8 activations are quantized and dequantized with the same rounding as on the GPU.
 
-``use_kernel`` (attribute, and argument of ``mlp_forward``) is the plugins' switch: None runs the
-Triton kernels (activation quantization, fused SiLU-quant, NVFP4 GEMM) on CUDA and the PyTorch
-references elsewhere; True on CPU runs the kernels in Triton's interpreter (TRITON_INTERPRET=1).
+The execution policy (``forward``'s and ``mlp_forward``'s argument) picks the Triton kernels (activation
+quantization, fused SiLU-quant, NVFP4 GEMM) or the PyTorch references, as for every plugin op.
 
 An LM head (``fp32_logits``) is called with ``out_fp32=True``: its sums come back in fp32, not rounded to bf16
 (bf16 logits make ties that flip greedy tokens), and ``rows(n)`` is the head's first n vocabulary rows (the
@@ -30,13 +29,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ocria.errors import CheckpointError
-from ocria.models.layers import gate_up_halves, prologue_dense
+from ocria.models.layers import PolicyLinear, gate_up_halves, prologue_dense
 from ocria.models.quantized.formats import FORMATS, Format
 from ocria.plugins import numerics as nx
 from ocria.plugins.decode_gemm import decode_gemm_fp8
 from ocria.plugins.fp4_gemm import nvfp4_gemm
 from ocria.plugins.gemm_prologue import Prologue
-from ocria.plugins.silu_quant import kernel_enabled, quantize_act, silu_mul_quant
+from ocria.plugins.policy import AUTO, ExecutionPolicy
+from ocria.plugins.silu_quant import quantize_act, silu_mul_quant
 
 
 def fp8_tensor_cores(device: torch.device) -> bool:
@@ -58,10 +58,10 @@ def detect_format(tensors: dict[str, Tensor], prefix: str = "") -> Format:
     raise CheckpointError(f"{prefix}weight has dtype {weight.dtype}, not bf16, float8_e4m3fn or uint8")
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(PolicyLinear):
     """``y = x W^T (+ b)`` for one exported layer; build with ``from_tensors``."""
 
-    fp32_logits = True  # as an LM head: ``forward(x, out_fp32=True)`` gives unrounded fp32 sums
+    fp32_logits = True  # as an LM head: ``forward(x, policy, out_fp32=True)`` gives unrounded fp32 sums
 
     def __init__(self, fmt: str, weight: Tensor, bias: Tensor | None = None, weight_scale: Tensor | None = None,
                  weight_scale_2: Tensor | None = None, input_scale: Tensor | None = None, name: str = "linear"):
@@ -80,7 +80,6 @@ class QuantLinear(nn.Module):
         self._dequantized: Tensor | None = None
         self._row_scale: Tensor | None = None
         self._rows: QuantLinear | None = None
-        self.use_kernel: bool | None = None
 
     @staticmethod
     def _scale(s: Tensor, fmt: str) -> Tensor:
@@ -140,8 +139,7 @@ class QuantLinear(nn.Module):
     @classmethod
     def fuse(cls, layers: list["QuantLinear"], name: str = "fused") -> tuple["QuantLinear", list["QuantLinear"]]:
         """``concat(layers)`` and each layer again as a view of its rows of the fused weight (and NVFP4 block
-        scales), so the originals stay reachable under their names without a second copy of the weights; all
-        keep the first layer's plugin switch."""
+        scales), so the originals stay reachable under their names without a second copy of the weights."""
         fused, views, start = cls.concat(layers, name=name), [], 0
         for lay in layers:
             stop = start + lay.out_features
@@ -149,13 +147,11 @@ class QuantLinear(nn.Module):
             views.append(cls(lay.fmt, fused.weight[start:stop], lay.bias, ws, lay.weight_scale_2, lay.input_scale,
                              name=lay.name))
             start = stop
-        for layer in (fused, *views):
-            layer.use_kernel = layers[0].use_kernel
         return fused, views
 
     def rows(self, n: int) -> "QuantLinear":
         """The layer's first ``n`` outputs as a layer of its own: views of the weight and its per-row scales (made
-        once per ``n``), with this layer's plugin switch. Formats with per-row scales only (bf16, fp8)."""
+        once per ``n``). Formats with per-row scales only (bf16, fp8)."""
         if self.fmt == "nvfp4":
             raise CheckpointError(f"{self.name}: rows of an NVFP4 layer are not supported")
         if not 0 < n <= self.out_features:
@@ -165,7 +161,6 @@ class QuantLinear(nn.Module):
             ws = ws[:n] if ws is not None and ws.dim() == 1 else ws
             self._rows = QuantLinear(self.fmt, self.weight[:n], None if self.bias is None else self.bias[:n], ws,
                                      None, self.input_scale, name=f"{self.name}[:{n}]")
-        self._rows.use_kernel = self.use_kernel
         return self._rows
 
     @property
@@ -214,7 +209,7 @@ class QuantLinear(nn.Module):
             self._row_scale = self.weight_scale.float().expand(self.out_features).reshape(1, -1).contiguous()
         return self._row_scale
 
-    def forward(self, x: Tensor, out_fp32: bool = False) -> Tensor:
+    def forward(self, x: Tensor, policy: ExecutionPolicy = AUTO, out_fp32: bool = False) -> Tensor:
         """``x W^T (+ b)`` in x's dtype; ``out_fp32``: in fp32, the FP8 GEMM's sums not rounded (an LM head)."""
         out_dtype = torch.float32 if out_fp32 else x.dtype
         if self.fmt == "bf16":
@@ -222,17 +217,18 @@ class QuantLinear(nn.Module):
             return y.to(out_dtype)
         if self.fmt == "fp8":
             if fp8_tensor_cores(x.device):
-                q, s = quantize_act(x, self.act_mode, self.input_scale, use_kernel=self.use_kernel)
-                return self.forward_fp8(q, s, out_dtype)
-            return self._emulate_fp8(x, out_dtype)
-        if kernel_enabled(x.device, self.use_kernel, "nvfp4_gemm"):
+                q, s = quantize_act(x, self.act_mode, self.input_scale, policy=policy)
+                return self.forward_fp8(q, s, out_dtype, policy)
+            return self._emulate_fp8(x, out_dtype, policy)
+        if policy.uses("nvfp4_gemm", x.device):
             y = nvfp4_gemm(x.to(torch.bfloat16), self.weight, self.weight_scale, self.weight_scale_2,
-                           use_kernel=self.use_kernel).to(out_dtype)
+                           policy=policy).to(out_dtype)
         else:
             y = F.linear(x, self._cached_weight(x.dtype)).to(out_dtype)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def forward_fp8(self, q: Tensor, token_scales: Tensor | None, out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    def forward_fp8(self, q: Tensor, token_scales: Tensor | None, out_dtype: torch.dtype = torch.bfloat16,
+                    policy: ExecutionPolicy = AUTO) -> Tensor:
         """FP8 GEMM on an already quantized input ``q`` (static ``input_scale``, or per-token
         ``token_scales`` [..., 1]): ``(q * s_x) @ (W * s_w)^T`` accumulated in fp32, rounded to ``out_dtype``
         (fp32: the sums themselves)."""
@@ -242,7 +238,7 @@ class QuantLinear(nn.Module):
         tensor_cores = fp8_tensor_cores(q.device)
         y = None
         if q.device.type != "cuda" or tensor_cores:  # decode steps: one decode-GEMM launch (None: it does not fit)
-            y = decode_gemm_fp8(q, self.weight, x_scale, self.weight_scale, use_kernel=self.use_kernel,
+            y = decode_gemm_fp8(q, self.weight, x_scale, self.weight_scale, policy=policy,
                                 out_fp32=out_dtype == torch.float32)
         if y is not None:
             y = y.to(out_dtype)
@@ -259,27 +255,27 @@ class QuantLinear(nn.Module):
             y = y.reshape(*q.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
-    def _emulate_fp8(self, x: Tensor, out_dtype: torch.dtype) -> Tensor:
+    def _emulate_fp8(self, x: Tensor, out_dtype: torch.dtype, policy: ExecutionPolicy) -> Tensor:
         if self.act_mode == "fp8_static":
             q, s = nx.quantize_fp8(x, self.input_scale), None
         else:
             q, s = nx.quantize_fp8_per_token(x)
-        return self.forward_fp8(q, s, out_dtype)
+        return self.forward_fp8(q, s, out_dtype, policy)
 
 
-def mlp_forward(x: Tensor, gate_up: QuantLinear, down: nn.Module, use_kernel: bool | None = None) -> Tensor:
+def mlp_forward(x: Tensor, gate_up: QuantLinear, down: nn.Module, policy: ExecutionPolicy = AUTO) -> Tensor:
     """``down(silu(gate) * up)`` with ``gate_up`` = ``QuantLinear.concat([gate_proj, up_proj])``.
 
     An FP8 ``down_proj`` computes the SiLU-multiply and its FP8 input in its own GEMM's launch
     (``ocria::prologue_gemm``) where that kernel takes the call, else takes its FP8 input straight from the fused
     ``ocria::silu_mul_quant`` kernel (no bf16 activation round trip); other formats, and a down_proj that scales its
     input first (AWQ's ``PreScaledLinear``), get the fused bf16 activation."""
-    gu = gate_up(x)
+    gu = gate_up(x, policy)
     if getattr(down, "fmt", None) == "fp8":
-        y = prologue_dense(down, Prologue.SILU_MUL, *gate_up_halves(gu), use_kernel)
+        y = prologue_dense(down, Prologue.SILU_MUL, *gate_up_halves(gu), policy)
         if y is not None:
             return y
-        q, s = silu_mul_quant(gu, down.act_mode, down.input_scale, use_kernel=use_kernel)
-        return down.forward_fp8(q, s, x.dtype)
-    h, _ = silu_mul_quant(gu, "bf16", use_kernel=use_kernel)
-    return down(h)
+        q, s = silu_mul_quant(gu, down.act_mode, down.input_scale, policy=policy)
+        return down.forward_fp8(q, s, x.dtype, policy)
+    h, _ = silu_mul_quant(gu, "bf16", policy=policy)
+    return down(h, policy)

@@ -17,15 +17,16 @@ from ocria.errors import CheckpointError
 from ocria.models import OCRiaForConditionalGeneration
 from ocria.models.checkpoint import checkpoint_files, load_module, read_tensors
 from ocria.models.config import OCRiaConfig, read_config_json
-from ocria.models.layers import SwiGLU
+from ocria.models.layers import PolicyLinear, SwiGLU
 from ocria.models.quantized.formats import Format, layer_formats, read_quant_config, stored_format
 from ocria.models.quantized.linear import QuantLinear, detect_format, mlp_forward
 from ocria.models.target import IGNORED_TENSORS
+from ocria.plugins.policy import AUTO, ExecutionPolicy
 
 TENSOR_SUFFIXES = ("weight", "bias", "weight_scale", "weight_scale_2", "input_scale", "pre_quant_scale")
 
 
-class PreScaledLinear(nn.Module):
+class PreScaledLinear(PolicyLinear):
     """A quantized linear whose input is first multiplied per channel by ModelOpt's AWQ
     ``pre_quant_scale`` (the exported weight already carries the inverse scale)."""
 
@@ -41,14 +42,6 @@ class PreScaledLinear(nn.Module):
     @property
     def out_features(self) -> int:
         return self.linear.out_features
-
-    @property
-    def use_kernel(self) -> bool | None:
-        return self.linear.use_kernel
-
-    @use_kernel.setter
-    def use_kernel(self, value: bool | None) -> None:  # the plugins switch reaches fused executors through this
-        self.linear.use_kernel = value
 
     @property
     def fusion_key(self) -> tuple | None:
@@ -71,8 +64,8 @@ class PreScaledLinear(nn.Module):
         """The first ``n`` outputs (``QuantLinear.rows``) under the same input scale."""
         return PreScaledLinear(self.linear.rows(n), self.pre_quant_scale)
 
-    def forward(self, x: Tensor, out_fp32: bool = False) -> Tensor:
-        return self.linear(x * self.pre_quant_scale.to(x.dtype), out_fp32=out_fp32)
+    def forward(self, x: Tensor, policy: ExecutionPolicy = AUTO, out_fp32: bool = False) -> Tensor:
+        return self.linear(x * self.pre_quant_scale.to(x.dtype), policy, out_fp32=out_fp32)
 
 
 class QuantSwiGLU(nn.Module):
@@ -83,10 +76,9 @@ class QuantSwiGLU(nn.Module):
         super().__init__()
         self.gate_up, (self.gate_proj, self.up_proj) = QuantLinear.fuse([gate, up], name=f"{name}.gate_up")
         self.down_proj = down
-        self.use_kernel: bool | None = None  # plugins switch (the target's ``set_plugins``) for the fused SiLU kernel
 
-    def forward(self, x: Tensor) -> Tensor:
-        return mlp_forward(x, self.gate_up, self.down_proj, use_kernel=self.use_kernel)
+    def forward(self, x: Tensor, policy: ExecutionPolicy = AUTO) -> Tensor:
+        return mlp_forward(x, self.gate_up, self.down_proj, policy)
 
 
 def _set(root: nn.Module, name: str, module: nn.Module) -> None:

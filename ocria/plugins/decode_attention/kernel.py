@@ -12,7 +12,7 @@ attention length and ``B * Hkv`` (one wave of programs), and is 1 (no combine la
 Chunks start at multiples of the chunk length and the key loop at multiples of BN, and the
 query-row tile is the same for every T up to 16, so for a given chunk count (a function of
 ``attn_len`` and ``B * Hkv``, never of T) a token decoded alone (``ar``) and inside a verify block
-runs the same arithmetic. In a batch-invariant step (``ocria.plugins.switch.batch_invariant``) the
+runs the same arithmetic. In a batch-invariant step (``Launch.INVARIANT``: the policy's ``for_steps``) the
 chunks are ``INVARIANT_CHUNK`` keys whatever the length or batch, and always combined: a query's
 result then depends on its own context only, not on the block or batch it came in.
 """
@@ -24,8 +24,8 @@ from torch import Tensor
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter, sm_count
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, widen
-from ocria.plugins.switch import batch_invariant
 
 MAX_T = 16  # decode and verify blocks; longer (prefill) chunks take the reference
 BN = 32  # keys per loop step
@@ -162,7 +162,7 @@ def chunking(attn_len: int, num_splits: int) -> tuple[int, int]:
 
 def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, start: Tensor,
                             attn_len: int, scale: float, causal_block: bool = True,
-                            num_splits: int | None = None) -> Tensor:
+                            num_splits: int | None = None, launch: Launch = DEFAULT_LAUNCH) -> Tensor:
     """``decode_attention_reference`` in one launch, or two (chunks + combine) when the context is split
     in ``num_splits`` chunks (None: ``split_count`` for this device); returns [B, H, T, D] (a view of a
     [B, T, H, D] tensor, the layout the output projection reads)."""
@@ -178,7 +178,7 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     if B == 0 or T == 0:
         return out.transpose(1, 2)
-    invariant = num_splits is None and batch_invariant()
+    invariant = num_splits is None and Launch.INVARIANT in launch
     if invariant:  # chunking independent of the batch and the length, and always combined the same way
         chunk, n_split = INVARIANT_CHUNK, triton.cdiv(attn_len, INVARIANT_CHUNK)
     else:
@@ -204,11 +204,11 @@ def decode_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: 
         T, H, attn_len, scale, chunk, n_split,
         REP=rep, D=D, BD=BD, BM=BM, BN=BN, CAUSAL=causal_block, SPLIT=split,
         PREC="ieee" if q.dtype == torch.float32 or as_bits else "tf32", AS_BITS=as_bits,
-        num_warps=8 if BM * D >= 64 * 128 else 4, **pdl_args(q.device),
+        num_warps=8 if BM * D >= 64 * 128 else 4, **pdl_args(q.device, launch),
     )  # fmt: skip
     if split:
         _combine_kernel[(B * T, H)](
             m, lsum, acc, start, out_, T, H, attn_len, chunk, n_split,
-            D=D, BD=BD, G=COMBINE_GROUP, AS_BITS=as_bits, num_warps=4, **pdl_args(q.device),
+            D=D, BD=BD, G=COMBINE_GROUP, AS_BITS=as_bits, num_warps=4, **pdl_args(q.device, launch),
         )  # fmt: skip
     return out.transpose(1, 2)

@@ -32,7 +32,7 @@ Batch invariance: the row tile is always 16 rows (padded, masked) and the config
 (N, K) only, never on M, so every row runs the same instruction sequence and the same reduction order
 over K, and an MMA computes each output element from its own row alone. Row m's output is therefore
 bit-identical whether it is decoded alone (M = 1) or inside a 16-row verify block, whatever the other
-rows hold. More than 16 rows (the op sends them here inside ``batch_invariant_rows()``: verify blocks of
+rows hold. More than 16 rows (the op sends them here under ``policy.for_steps()``: verify blocks of
 several sequences; elsewhere, as in prefill, cuBLAS is faster) run as 16-row tiles, up to ``MAX_ROW_TILES`` per
 program: each weight tile it loads feeds one MMA of the 16-row shape per row tile, the instruction a 16-row call
 runs, so a row keeps its bits, and the weights are read once per four row tiles instead of once per tile. One
@@ -48,6 +48,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter, prefetch_l2
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen, widen_e4m3
 from ocria.plugins.splitk import scratch, sum_splits
 
@@ -260,16 +261,17 @@ def check_shapes(x: Tensor, weight: Tensor, bias: Tensor | None, dtype: torch.dt
 
 
 def decode_gemm_triton(x: Tensor, weight: Tensor, bias: Tensor | None = None, config: dict | None = None,
-                       out_fp32: bool = False) -> Tensor:
+                       out_fp32: bool = False, launch: Launch = DEFAULT_LAUNCH) -> Tensor:
     """``x @ weight.T (+ bias)`` for x [..., K] (16-row tiles), fp32 accumulation, one bf16
     rounding (none with ``out_fp32``: the fp32 sums, as logits want them); ``config`` (keys of
     ``default_config``) overrides the shape's default."""
     check_shapes(x, weight, bias)
-    return _launch(x, weight, bias, config, out_fp32=out_fp32)[0]
+    return _launch(x, weight, bias, config, out_fp32=out_fp32, launch=launch)[0]
 
 
 def decode_gemm_fp8_triton(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-                           config: dict | None = None, out_fp32: bool = False) -> Tensor:
+                           config: dict | None = None, out_fp32: bool = False,
+                           launch: Launch = DEFAULT_LAUNCH) -> Tensor:
     """``(q * x_scale) @ (weight * w_scale).T (+ bias)`` in bf16 (``out_fp32``: the fp32 sums, as logits want
     them) for float8 E4M3 ``q`` [..., K] (16-row tiles) and ``weight`` [N, K]; ``x_scale`` fp32, one per tensor or
     per row ([..., 1]), ``w_scale`` fp32, one per tensor or per column ([N])."""
@@ -279,11 +281,13 @@ def decode_gemm_fp8_triton(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: 
     if sx.numel() not in (1, rows) or sw.numel() not in (1, N):
         raise OcriaError(f"decode_gemm kernel: x_scale {tuple(x_scale.shape)} must hold 1 or {rows} values, "
                          f"w_scale {tuple(w_scale.shape)} 1 or {N}")
-    return _launch(q, weight, bias, config, out_fp32=out_fp32, scales=(sx.contiguous(), sw.contiguous()))[0]
+    return _launch(q, weight, bias, config, out_fp32=out_fp32, scales=(sx.contiguous(), sw.contiguous()),
+                   launch=launch)[0]
 
 
 def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor,
-                            bias: Tensor | None = None, config: dict | None = None) -> tuple[Tensor, Tensor]:
+                            bias: Tensor | None = None, config: dict | None = None,
+                            launch: Launch = DEFAULT_LAUNCH) -> tuple[Tensor, Tensor]:
     """``(norm(s) @ weight.T (+ bias), s)`` with ``s = x + residual`` (x when residual is None) and the
     zero-centred RMSNorm ``norm(s) = s * rstd * (1 + norm_weight)``, in one launch (see the module doc)."""
     check_shapes(x, weight, bias)
@@ -293,7 +297,8 @@ def decode_gemm_norm_triton(x: Tensor, residual: Tensor | None, norm_weight: Ten
         raise OcriaError(f"decode_gemm_norm kernel: residual {None if residual is None else tuple(residual.shape)} "
                          f"must match x {tuple(x.shape)} {x.dtype}, norm weight {tuple(norm_weight.shape)} "
                          f"{norm_weight.dtype} must be bf16 [{K}]")
-    return _launch(x, weight, bias, config or norm_config(*weight.shape), residual, norm_weight, eps)
+    return _launch(x, weight, bias, config or norm_config(*weight.shape), residual, norm_weight, eps,
+                   launch=launch)
 
 
 def norm_config(N: int, K: int) -> dict:
@@ -326,7 +331,8 @@ def launch_plan(M: int, N: int, K: int, cfg: dict, one_row_tile: bool, out: Tens
 
 def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None, residual: Tensor | None = None,
             norm_weight: Tensor | None = None, eps: float = 0.0, out_fp32: bool = False,
-            scales: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+            scales: tuple[Tensor, Tensor] | None = None,
+            launch: Launch = DEFAULT_LAUNCH) -> tuple[Tensor, Tensor | None]:
     N, K = weight.shape
     lead = x.shape[:-1]
     x2, r2 = (t.reshape(-1, K) if t is not None else None for t in (x, residual))  # 2-D keeps its row stride
@@ -360,7 +366,7 @@ def _launch(x: Tensor, weight: Tensor, bias: Tensor | None, config: dict | None,
         NORM=norm, RESIDUAL=r2 is not None, OUT_F32=out_fp32,
         FP8=fp8, SX_ROWS=fp8 and scales[0].numel() > 1, SW_COLS=fp8 and scales[1].numel() > 1, ROW_TILES=row_tiles,
         BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-        num_warps=cfg["num_warps"], num_stages=stages, **pdl_args(x.device),
+        num_warps=cfg["num_warps"], num_stages=stages, **pdl_args(x.device, launch),
         PF_LINES=max(1, min(PREFETCH_LINES, triton.next_power_of_2(k_split // 64 + 1) // 2)),
     )  # fmt: skip
     return out.reshape(*lead, N), s.reshape(*lead, K) if norm else None

@@ -1,8 +1,8 @@
 """Triton NVFP4 weight-only GEMM for decode-sized M: bf16 activations x packed E2M1 weights.
 One-row calls (M = 1, no explicit config) run ``gemv`` on the CUDA cores instead, unless ``nvfp4_gemv`` is
-set aside in ``OCRIA_DISABLE_KERNELS``, or x is not 8-byte aligned (the GEMV reads it as int64 words). In a
-batch-invariant step (``ocria.plugins.switch.batch_invariant``) every call takes the 16-row configuration of its
-width, whatever M, so a row's sums do not depend on how many rows share the launch.
+disabled in the execution policy, or x is not 8-byte aligned (the GEMV reads it as int64 words). In a
+batch-invariant step (``Launch.INVARIANT``, the policy's ``for_steps``) every call takes the 16-row configuration of
+its width, whatever M, so a row's sums do not depend on how many rows share the launch.
 
 Exactness: an E2M1 value has at most 2 significant bits and an E4M3 block scale at most 4, so
 ``e2m1 * block_scale * 2^-26`` is exact in bf16 (normal range: 2^-36 .. 2^12). Each K tile is
@@ -40,9 +40,9 @@ from ocria.errors import OcriaError
 from ocria.plugins.fp4_gemm.dequant import DEQUANT_ASM, block_scale_bf16, block_scale_f32, e2m1_f32, repeat_cols
 from ocria.plugins.fp4_gemm.gemv import nvfp4_gemv_launch
 from ocria.plugins.launch import capability, pdl_args, pdl_enter
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.rounding import bf16_bits
 from ocria.plugins.splitk import scratch, sum_splits
-from ocria.plugins.switch import batch_invariant, disabled_kernels
 
 
 @triton.jit
@@ -188,7 +188,8 @@ def default_config(M: int, N: int, num_sms: int = 132) -> dict:
 
 
 def nvfp4_gemm_triton(
-    x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor, config: dict | None = None
+    x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: Tensor, config: dict | None = None,
+    launch: Launch = DEFAULT_LAUNCH,
 ) -> Tensor:
     """``y = x @ W^T`` for bf16 ``x`` [..., K] and an NVFP4 weight ([N, K/2] uint8, [N, K/16] e4m3, fp32)."""
     if x.device.type != "cuda" and not isinstance(_nvfp4_gemm_kernel, InterpretedFunction):
@@ -211,11 +212,10 @@ def nvfp4_gemm_triton(
         return y.reshape(*x.shape[:-1], N)
     g = weight_scale_2.to(device=x.device, dtype=torch.float32).reshape(1)
     # Triton's E4M3 type, the PTX path's scale conversion, needs sm_89+; older GPUs unpack with integers
-    ptx = x.device.type == "cuda" and capability(x.device.index) >= (8, 9) and "nvfp4_ptx" not in disabled_kernels()
-    invariant = batch_invariant()  # every row count takes the 16-row tiles of a one-row call, no GEMV
-    if (M == 1 and config is None and not invariant and "nvfp4_gemv" not in disabled_kernels()
-            and x2.data_ptr() % 8 == 0):
-        nvfp4_gemv_launch(x2, weight, weight_scale, g, y, ptx, pdl_args(x.device))  # x read as int64 words
+    ptx = x.device.type == "cuda" and capability(x.device.index) >= (8, 9) and Launch.NVFP4_PTX in launch
+    invariant = Launch.INVARIANT in launch  # every row count takes the 16-row tiles of a one-row call, no GEMV
+    if M == 1 and config is None and not invariant and Launch.NVFP4_GEMV in launch and x2.data_ptr() % 8 == 0:
+        nvfp4_gemv_launch(x2, weight, weight_scale, g, y, ptx, pdl_args(x.device, launch))  # x read as int64 words
         return y.reshape(*x.shape[:-1], N)
     cfg = {"SPLIT_K": 1, "SLICES": 1, **(config or default_config(1 if invariant else M, N))}
     if cfg["SLICES"] < 1:
@@ -229,6 +229,6 @@ def nvfp4_gemm_triton(
         x2.view(torch.int16), weight, weight_scale.view(torch.uint8), g, y.view(torch.int16), ws, count,
         M, N, K, k_slice, x2.stride(0), weight.stride(0), weight_scale.stride(0), y.stride(0),
         EVEN_K=K % cfg["BLOCK_K"] == 0, PTX_DEQUANT=ptx, DOT_F32=x.device.type != "cuda", **cfg,
-        **pdl_args(x.device),
+        **pdl_args(x.device, launch),
     )
     return y.reshape(*x.shape[:-1], N)

@@ -38,6 +38,7 @@ from ocria.plugins.decode_gemm.kernel import (
 from ocria.plugins.fp8_codes import abs_max, e4m3_bytes, max_nan, scale_of
 from ocria.plugins.gemm_prologue.reference import Prologue
 from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.rounding import bf16_as_int16, round_to_dtype, widen, widen_e4m3
 from ocria.plugins.silu_quant.kernel import _activation_of
 from ocria.plugins.splitk import sum_splits
@@ -246,7 +247,8 @@ def check_call(kind: Prologue, a: Tensor, b: Tensor, weight: Tensor, norm_weight
 
 def prologue_gemm_triton(kind: Prologue, a: Tensor, b: Tensor, weight: Tensor, norm_weight: Tensor | None = None,
                          eps: float = 0.0, x_mode: str = "bf16", x_scale: Tensor | None = None,
-                         w_scale: Tensor | None = None, config: dict | None = None) -> Tensor:
+                         w_scale: Tensor | None = None, config: dict | None = None,
+                         launch: Launch = DEFAULT_LAUNCH) -> Tensor:
     """``reference.prologue_gemm_reference`` in one launch.
 
     Args:
@@ -287,6 +289,6 @@ def prologue_gemm_triton(kind: Prologue, a: Tensor, b: Tensor, weight: Tensor, n
         M, N, K, k_split, T, *a.stride()[:3], *b.stride()[:3], weight.stride(0), N,
         PRO=int(kind), XQ=mode, D=D, SW_COLS=mode > 0 and sw.numel() > 1, ON_GPU=on_gpu, SWAP=cfg["swap"],
         SPLIT_K=split_k, ROW_TILES=row_tiles, BLOCK_M=block_m, BLOCK_N=cfg["block_n"], BLOCK_K=cfg["block_k"],
-        num_warps=cfg["num_warps"], num_stages=stages, **pdl_args(a.device),
+        num_warps=cfg["num_warps"], num_stages=stages, **pdl_args(a.device, launch),
     )  # fmt: skip
     return out

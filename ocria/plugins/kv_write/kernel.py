@@ -14,6 +14,7 @@ from torch import Tensor
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -44,7 +45,8 @@ def supports(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor) -> bool:
             k_cache.shape[3]) and all(t.stride(-1) == 1 for t in (k, v, k_cache, v_cache)))
 
 
-def kv_write_triton(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor) -> None:
+def kv_write_triton(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tensor, pos: Tensor,
+                    launch: Launch = DEFAULT_LAUNCH) -> None:
     """``kv_write_reference`` in one launch (k, v may be strided views, e.g. of a fused projection)."""
     if not supports(k_cache, v_cache, k, v) or rows.shape != k.shape[:2] or pos.shape != k.shape[:2]:
         raise OcriaError(f"kv_write kernel: k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)} {v.dtype}, caches "
@@ -58,5 +60,5 @@ def kv_write_triton(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows
     _kv_write_kernel[(B * T, H)](
         k_, v_, kc, vc, rows, pos, T, k_cache.shape[2], *k.stride()[:3], *v.stride()[:3], *rows.stride(),
         *pos.stride(), *k_cache.stride()[:3], *v_cache.stride()[:3],
-        D=D, BD=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2, **pdl_args(k.device),
+        D=D, BD=triton.next_power_of_2(D), num_warps=1 if D <= 128 else 2, **pdl_args(k.device, launch),
     )  # fmt: skip

@@ -38,6 +38,7 @@ from torch import Tensor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from ocria.plugins.launch import capability, pdl_args, sm_count
+from ocria.plugins.policy import Launch
 
 try:
     from triton.experimental import gluon
@@ -546,7 +547,7 @@ if gluon is not None:
 def ws_verify(
     q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor, state: Tensor,
     ring_k: Tensor, ring_u: Tensor, ring_g: Tensor, ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
-    o: Tensor, T: int, strides: tuple[int, int, int, int, int],
+    o: Tensor, T: int, strides: tuple[int, int, int, int, int], launch: Launch,
 ) -> None:  # fmt: skip
     """Launch for inputs ``kernel.replay_verify_kernel`` has checked and laid out as token rows (``strides``: elements
     between consecutive tokens of q, k, v, a, b); writes ``o`` and updates state and ring like the block kernel.
@@ -563,5 +564,5 @@ def ws_verify(
         desc, q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids, o,
         n_groups, T, Tmax, Dk**-0.5, 1e-6, *strides, NT=Dv // BLOCK_V, HK=Hk, HV=Hv, DK=Dk, DV=Dv, BKC=KEY_CHUNK,
         BV=BLOCK_V, TP=TOKENS, STAGES=STAGES, NB=PREP_SLOTS, MAXT=maxt, REGS=CONSUMER_REGS, PREP_REGS=PREP_REGS,
-        LOADER_REGS=LOADER_REGS, num_warps=4, **pdl_args(v.device),
+        LOADER_REGS=LOADER_REGS, num_warps=4, **pdl_args(v.device, launch),
     )  # fmt: skip

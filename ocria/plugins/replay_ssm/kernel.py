@@ -40,7 +40,7 @@ branch on the slot's count) is folded as a plain rank-1 write, the new token is 
 reductions of the state, and a slot with nothing pending skips the state write. ``launch_config`` narrows the
 column tile for small batches so the grid still covers the SMs, and caps registers when the grid is deep.
 
-In a batch-invariant step (``ocria.plugins.switch.batch_invariant``) ``_replay_sequential_kernel`` runs instead:
+In a batch-invariant step (``Launch.INVARIANT``: the policy's ``for_steps``) ``_replay_sequential_kernel`` runs instead:
 pending tokens folded and new tokens verified one at a time, with the one-token code above, in one binary for
 every T and one tile shape for every batch. Slower for long blocks (T dependent steps), but a token's output is
 then the same bits whether it was verified in a block or decoded alone, which the WY chunk does not give.
@@ -61,8 +61,8 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_capable, pdl_enter
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.replay_ssm import hopper
-from ocria.plugins.switch import batch_invariant, disabled_kernels
 
 # Tensor-core precision of the kernel's matrix products, by input dtype. tf32x3 (three tf32
 # products) keeps fp32 accuracy; one tf32 product costs ~1e-3 relative on the folded state (checked on the
@@ -82,9 +82,6 @@ PREP_WARPS = 2
 # 32 columns, and beat the one-token kernel at T = 1 (2.5 / 6.0 / 22.0 us against 3.3 / 8.4 / 31.1; H200).
 INVARIANT_BLOCK_V = 16
 INVARIANT_WARPS = 1
-# The warp-specialized Hopper kernel (hopper.py) as a code path of OCRIA_DISABLE_KERNELS: naming it there sends its
-# launches to the prep and block kernels below.
-WS_PATH = "replay_ssm_ws"
 # T > 1 on Hopper: the block kernel is launched with PDL beside _chunk_prep_kernel, which lets it start at once; its
 # programs stream and fold their state while the prep runs and wait for the prep only before they read its output.
 OVERLAP_PREP = True
@@ -571,9 +568,10 @@ def block_registers(deep_cap: int | None, key_chunk: int, block_k: int, precisio
     return deep_cap
 
 
-def warp_specialized(device: torch.device, dtype: torch.dtype, Hk: int, Hv: int, Dk: int, Dv: int, Tmax: int) -> bool:
+def warp_specialized(device: torch.device, dtype: torch.dtype, Hk: int, Hv: int, Dk: int, Dv: int, Tmax: int,
+                     launch: Launch = DEFAULT_LAUNCH) -> bool:
     """Whether a default T > 1 launch of these shapes takes the warp-specialized Hopper kernel (``hopper.py``)."""
-    return WS_PATH not in disabled_kernels() and hopper.ws_supported(device, dtype, Hk, Hv, Dk, Dv, Tmax)
+    return Launch.REPLAY_SSM_WS in launch and hopper.ws_supported(device, dtype, Hk, Hv, Dk, Dv, Tmax)
 
 
 def replay_verify_kernel(
@@ -582,6 +580,7 @@ def replay_verify_kernel(
     ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
     block_v: int | None = None, num_warps: int | None = None, precision: str | None = None,
     max_registers: int | None = None, key_chunk: int | None = None, stages: int | None = None,
+    launch: Launch = DEFAULT_LAUNCH,
 ) -> Tensor:  # fmt: skip
     """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32.
     ``block_v`` / ``num_warps`` / ``max_registers`` default to ``launch_config`` for this batch and device
@@ -604,20 +603,21 @@ def replay_verify_kernel(
     if B == 0:
         return o
     BK = max(16, triton.next_power_of_2(Dk))
-    if batch_invariant() and T > 0 and precision is None and max_registers is None:
+    if Launch.INVARIANT in launch and T > 0 and precision is None and max_registers is None:
         # One tile shape and warp count at every batch and T (``block_v`` / ``num_warps`` only as benchmarks set them)
         BV = max(16, min(block_v or INVARIANT_BLOCK_V, triton.next_power_of_2(Dv)))
         _replay_sequential_kernel[(triton.cdiv(Dv, BV), Hv, B)](
             q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids,
             o, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
-            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, num_warps=num_warps or INVARIANT_WARPS, **pdl_args(v.device),
+            HK=Hk, HV=Hv, DK=Dk, DV=Dv, BK=BK, BV=BV, num_warps=num_warps or INVARIANT_WARPS,
+            **pdl_args(v.device, launch),
         )  # fmt: skip
         return o
     tuned = any(x is not None for x in (block_v, num_warps, precision, max_registers, key_chunk, stages))
     aligned = state.data_ptr() % 16 == 0 and _rows_16_byte_aligned((q, sq), (k, sk))  # TMA base, cp.async rows
-    if T > 1 and not tuned and aligned and warp_specialized(v.device, v.dtype, Hk, Hv, Dk, Dv, Tmax):
+    if T > 1 and not tuned and aligned and warp_specialized(v.device, v.dtype, Hk, Hv, Dk, Dv, Tmax, launch):
         hopper.ws_verify(q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len,
-                         slot_ids, o, T, (sq, sk, sv, sa, sb))  # fmt: skip
+                         slot_ids, o, T, (sq, sk, sv, sa, sb), launch)  # fmt: skip
         return o
     auto_bv, auto_warps, auto_registers = launch_config(B, Hv, Dv, _sm_count(v.device))
     auto_launch = block_v is None and num_warps is None and max_registers is None
@@ -637,7 +637,8 @@ def replay_verify_kernel(
                      **({"maxnreg": max_registers} if max_registers else {}))  # fmt: skip
     if T == 1:
         _verify_one_kernel[grid](*common, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
-                                 PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, **tile_args, **pdl_args(v.device))  # fmt: skip
+                                 PREFETCH=BV <= PREFETCH_MAX_BLOCK_V, **tile_args,
+                                 **pdl_args(v.device, launch))  # fmt: skip
         return o
     # Per value head (I + A)^-1 diag(beta) and P from the prep kernel, read by the block kernel after its loop.
     mats = torch.empty((B, Hv, 2, TP, TP), dtype=torch.float32, device=v.device)
@@ -649,7 +650,7 @@ def replay_verify_kernel(
     _chunk_prep_kernel[(Hv // prep_heads, B)](
         q, k, a, b, A_log, dt_bias, ring_k, ring_g, ring_phase, slot_ids, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sa, sb,
         HK=Hk, HV=Hv, DK=Dk, BK=BK, TP=TP, HEADS=prep_heads, PREC=precision, num_warps=PREP_WARPS, OVERLAP=overlap,
-        **pdl_args(v.device),
+        **pdl_args(v.device, launch),
     )  # fmt: skip
     auto_chunk, auto_stages = key_chunking(BV, BK)
     BKC = min(key_chunk or auto_chunk, BK)
@@ -657,12 +658,13 @@ def replay_verify_kernel(
         tile_args["maxnreg"] = block_registers(auto_registers, BKC, BK, precision)
     _verify_block_kernel[grid](*common, mats, T, Tmax, Dk**-0.5, 1e-6, sq, sk, sv, sa, sb,
                                BKC=BKC, STAGES=stages or auto_stages, OVERLAP=overlap,
-                               **tile_args, **pdl_args(v.device, overlap))  # fmt: skip
+                               **tile_args, **pdl_args(v.device, launch, overlap))  # fmt: skip
     return o
 
 
 def causal_conv_verify_kernel(
-    x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, block_c: int = 128
+    x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, block_c: int = 128,
+    launch: Launch = DEFAULT_LAUNCH,
 ) -> Tensor:
     """Triton launch of ``causal_conv_verify_ref`` (same arguments and effects)."""
     B, T, C = x.shape
@@ -680,6 +682,6 @@ def causal_conv_verify_kernel(
     _causal_conv_verify_kernel[grid](
         x, weight, conv_buf, pending_len, slot_ids, y, T, C, L, sx,
         W=KW - 1, KW=KW, BC=BC, TP=triton.next_power_of_2(T), WP=max(1, triton.next_power_of_2(KW - 1)),
-        **pdl_args(x.device),
+        **pdl_args(x.device, launch),
     )  # fmt: skip
     return y

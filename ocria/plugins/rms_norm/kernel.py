@@ -16,6 +16,7 @@ from triton.language.extra import libdevice
 from ocria.errors import OcriaError
 from ocria.plugins.fp8_codes import e4m3_bytes, token_scale
 from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
 MAX_WIDTH = 16384
@@ -126,17 +127,18 @@ def _rows(t: Tensor) -> tuple[Tensor, int]:
 
 def rms_norm_triton(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, z: Tensor | None = None,
                     residual: Tensor | None = None, out_sum: Tensor | None = None, plain: bool = False,
-                    cos: Tensor | None = None, sin: Tensor | None = None) -> Tensor:
+                    cos: Tensor | None = None, sin: Tensor | None = None, launch: Launch = DEFAULT_LAUNCH) -> Tensor:
     """``rms_norm_reference`` (z None), ``plain_rms_norm_reference`` (``plain``, offset unused) or
     ``gated_rms_norm_reference`` (z given) in one launch. With ``residual`` (not with z):
     ``out_sum = x + residual`` is written and the norm is of that sum. With cos, sin [..., R] (x [..., H, N],
     neither z nor residual): ``rms_norm_rope_reference``, the rotary embedding of the norm's first R channels."""
-    return _launch(x, weight, eps, offset, z, residual, out_sum, plain, cos, sin)[0]
+    return _launch(x, weight, eps, offset, z, residual, out_sum, plain, cos, sin, launch=launch)[0]
 
 
 def rms_norm_fp8_triton(x: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None, offset: float = 0.0,
                         z: Tensor | None = None, residual: Tensor | None = None,
-                        out_sum: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
+                        out_sum: Tensor | None = None,
+                        launch: Launch = DEFAULT_LAUNCH) -> tuple[Tensor, Tensor, Tensor | None]:
     """``(y, q, token_scales)``: ``rms_norm_triton``'s y (no rope) and, from the same launch, the E4M3 bytes of y as
     the next linear layer's FP8 input: ``fp8_static`` with ``scale`` (token_scales None) or ``fp8_dynamic``, one
     scale per token. A token is a row of x, with z (the gated norm, x [..., H, D]) the H rows of its heads."""
@@ -147,7 +149,8 @@ def rms_norm_fp8_triton(x: Tensor, weight: Tensor, eps: float, mode: str, scale:
     if group & (group - 1) or group * triton.next_power_of_2(x.shape[-1]) > MAX_WIDTH:
         raise OcriaError(f"rms_norm kernel: FP8 output over {group} heads of {x.shape[-1]}: the heads of a token "
                          f"must be a power of two and fit one tile of {MAX_WIDTH}")
-    return _launch(x, weight, eps, offset, z, residual, out_sum, False, None, None, (FP8_MODES[mode], scale, group))
+    return _launch(x, weight, eps, offset, z, residual, out_sum, False, None, None, (FP8_MODES[mode], scale, group),
+                   launch)
 
 
 FP8_MODES = {"fp8_static": 1, "fp8_dynamic": 2}
@@ -155,7 +158,8 @@ FP8_MODES = {"fp8_static": 1, "fp8_dynamic": 2}
 
 def _launch(x: Tensor, weight: Tensor, eps: float, offset: float, z: Tensor | None, residual: Tensor | None,
             out_sum: Tensor | None, plain: bool, cos: Tensor | None, sin: Tensor | None,
-            quant: tuple[int, Tensor | None, int] | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+            quant: tuple[int, Tensor | None, int] | None = None,
+            launch: Launch = DEFAULT_LAUNCH) -> tuple[Tensor, Tensor | None, Tensor | None]:
     N = x.shape[-1]
     if N > MAX_WIDTH or weight.shape != (N,) or any(t is not None and t.shape != x.shape for t in (z, residual)):
         raise OcriaError(f"rms_norm kernel: x {tuple(x.shape)}, weight {tuple(weight.shape)}"
@@ -203,7 +207,7 @@ def _launch(x: Tensor, weight: Tensor, eps: float, offset: float, z: Tensor | No
         GROUP=group,
         X_BF16=x.dtype == torch.bfloat16, W_BF16=weight.dtype == torch.bfloat16,
         Z_BF16=z2.dtype == torch.bfloat16, PROD_BF16=prod == torch.bfloat16, ON_GPU=x.device.type == "cuda",
-        DT=tl.float32, ROWS=rows, BN=BN, **pdl_args(x.device),
+        DT=tl.float32, ROWS=rows, BN=BN, **pdl_args(x.device, launch),
     )  # fmt: skip
     return y, _as_fp8(q, z is not None), tokens
 

@@ -14,6 +14,7 @@ from triton.language.extra import libdevice
 
 from ocria.errors import OcriaError
 from ocria.plugins.launch import pdl_args, pdl_enter
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.rounding import bf16_as_int16, bf16_bits, round_to_dtype, widen
 
 
@@ -55,7 +56,7 @@ def _rows(t: Tensor) -> tuple[Tensor, int, int]:
     return t3, t3.stride(0), t3.stride(1)
 
 
-def sigmoid_gate_triton(o: Tensor, gate: Tensor) -> Tensor:
+def sigmoid_gate_triton(o: Tensor, gate: Tensor, launch: Launch = DEFAULT_LAUNCH) -> Tensor:
     """``sigmoid_gate_reference`` in one launch."""
     if not supports(o, gate):
         raise OcriaError(f"sigmoid_gate kernel: o {tuple(o.shape)} {o.dtype}, gate {tuple(gate.shape)} "
@@ -72,6 +73,6 @@ def sigmoid_gate_triton(o: Tensor, gate: Tensor) -> Tensor:
     _sigmoid_gate_kernel[(triton.cdiv(R, rows),)](
         *(bf16_as_int16(t) for t in (o3, g3, y)), R, H, so_r, so_h, sg_r, sg_h,
         D=D, BD=BD, ROWS=rows, IS_BF16=is_bf16, ON_GPU=o.device.type == "cuda",
-        DT=tl.float16 if o.dtype == torch.float16 else tl.float32, **pdl_args(o.device),
+        DT=tl.float16 if o.dtype == torch.float16 else tl.float32, **pdl_args(o.device, launch),
     )  # fmt: skip
     return y

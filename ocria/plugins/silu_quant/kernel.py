@@ -42,6 +42,7 @@ from ocria.errors import OcriaError
 from ocria.plugins.fp8_codes import abs_max, e4m3_bytes, e4m3_code, max_nan, quotient, scale_of, token_scale
 from ocria.plugins.launch import pdl_args, pdl_enter, sm_count
 from ocria.plugins.numerics import NVFP4_BLOCK
+from ocria.plugins.policy import DEFAULT_LAUNCH, Launch
 from ocria.plugins.rounding import round_to_dtype, widen
 
 MODE_IDS = {"bf16": 0, "fp8_static": 1, "fp8_dynamic": 2, "nvfp4": 3}
@@ -666,7 +667,7 @@ def tiling(mode: str, N: int, config: dict) -> tuple[int, int, int]:
 
 
 def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int, gated: bool, as_bits: bool,
-                      cfg: dict) -> None:
+                      cfg: dict, launch: Launch) -> None:
     warps = cfg["num_warps"]
     width, tiles = row_tiling(N, warps, cfg.get("tile_elems") or row_tile_elems(N, warps))
     cap = cfg.get("max_registers")
@@ -674,7 +675,7 @@ def _launch_row_tiles(x: Tensor, out: Tensor, out_scale: Tensor, M: int, N: int,
     _compiled(_token_fp8_row_kernel, dev)[(M,)](
         x, out, out_scale, N, x.stride(0), out.stride(0), out_scale.stride(0),
         GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"],
-        W=width, NT=tiles, num_warps=warps, **pdl_args(dev), **({"maxnreg": cap} if cap else {}),
+        W=width, NT=tiles, num_warps=warps, **pdl_args(dev, launch), **({"maxnreg": cap} if cap else {}),
     )
 
 
@@ -686,7 +687,7 @@ def nvfp4_programs(M: int, N: int, cfg: dict, device: torch.device) -> int:
 
 
 def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: int, N: int, gated: bool,
-                  cfg: dict) -> None:
+                  cfg: dict, launch: Launch) -> None:
     blocks, dev, cap = cfg["blocks"], x.device, cfg.get("max_registers")
     grid = nvfp4_programs(M, N, cfg, dev)
     kind = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}.get(x.dtype)
@@ -698,12 +699,12 @@ def _launch_nvfp4(x: Tensor, out: Tensor, out_scale: Tensor, scale: Tensor, M: i
     _compiled(_nvfp4_kernel, dev)[(grid,)](
         words, out.view(torch.int32), scale, out_scale, M, words.stride(0), N=N,
         GATED=gated, KIND=kind, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"], BLOCKS=blocks,
-        num_warps=cfg["num_warps"], **pdl_args(dev), **({"maxnreg": cap} if cap else {}),
+        num_warps=cfg["num_warps"], **pdl_args(dev, launch), **({"maxnreg": cap} if cap else {}),
     )
 
 
-def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
-            config: dict | None = None) -> tuple[Tensor, Tensor | None]:
+def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool, config: dict | None = None,
+            launch: Launch = DEFAULT_LAUNCH) -> tuple[Tensor, Tensor | None]:
     if mode not in MODE_IDS:
         raise ValueError(f"unknown activation quantization mode {mode!r}; expected one of {tuple(MODE_IDS)}")
     if x.stride(-1) != 1:
@@ -737,11 +738,11 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
     if M > 0 and mode == "nvfp4":
         if "blocks" not in cfg:
             raise ValueError(f"an nvfp4 config gives 'blocks' (16-element blocks per program), got {cfg}")
-        _launch_nvfp4(x2, out, out_scale, scale, M, N, gated, cfg)
+        _launch_nvfp4(x2, out, out_scale, scale, M, N, gated, cfg, launch)
     elif M > 0 and cfg.get("row_tiles"):
         if mode != "fp8_dynamic":
             raise ValueError(f"row_tiles configs are for mode 'fp8_dynamic', not {mode!r}")
-        _launch_row_tiles(x_arg, out, out_scale, M, N, gated, as_bits, cfg)
+        _launch_row_tiles(x_arg, out, out_scale, M, N, gated, as_bits, cfg, launch)
     elif M > 0:
         block_m = cfg["block_m"]
         block_n, chunks, passes = tiling(mode, N, cfg)
@@ -752,7 +753,7 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
             M, N, x2.stride(0), out.stride(0), out_scale.stride(0) if out_scale is not None else 0,
             MODE=MODE_IDS[mode], GATED=gated, IS_BF16=as_bits, ON_GPU=dev.type == "cuda", FAST_SILU=cfg["fast_silu"],
             NPASS=passes,
-            BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"], **pdl_args(dev),
+            BLOCK_M=block_m, BLOCK_N=block_n, NUM_CHUNKS=chunks, num_warps=cfg["num_warps"], **pdl_args(dev, launch),
         )
     if mode in ("fp8_static", "fp8_dynamic"):
         out = out.view(torch.float8_e4m3fn)
@@ -765,14 +766,16 @@ def _launch(x: Tensor, mode: str, scale: Tensor | None, gated: bool,
 
 
 def silu_mul_quant_triton(
-    gate_up: Tensor, mode: str, scale: Tensor | None = None, config: dict | None = None
+    gate_up: Tensor, mode: str, scale: Tensor | None = None, config: dict | None = None,
+    launch: Launch = DEFAULT_LAUNCH,
 ) -> tuple[Tensor, Tensor | None]:
     """Fused kernel; same contract as ``reference.silu_mul_quant_reference``."""
-    return _launch(gate_up, mode, scale, gated=True, config=config)
+    return _launch(gate_up, mode, scale, gated=True, config=config, launch=launch)
 
 
 def quantize_act_triton(
-    x: Tensor, mode: str, scale: Tensor | None = None, config: dict | None = None
+    x: Tensor, mode: str, scale: Tensor | None = None, config: dict | None = None,
+    launch: Launch = DEFAULT_LAUNCH,
 ) -> tuple[Tensor, Tensor | None]:
     """The same kernel without the activation; same contract as ``reference.quantize_act_reference``."""
-    return _launch(x, mode, scale, gated=False, config=config)
+    return _launch(x, mode, scale, gated=False, config=config, launch=launch)
