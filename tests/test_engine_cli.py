@@ -83,6 +83,9 @@ def test_run_json(engine_dir, capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out) >= {"text", "token_ids", "num_steps", "acceptance_length", "tokens_per_s"}
     assert 1 <= len(out["token_ids"]) <= 6 and out["plugins"] == "reference" and out["batch_invariant"] is True
+    policy = out["policy"]  # the execution policy the run used, each op's implementation on this device
+    assert policy["kernels"] == "auto" and policy["batch_invariant"] is True and policy["disabled"] == []
+    assert set(policy["kernel"].values()) == {"reference"} and "replay_ssm" in policy["kernel"]
     assert main(["run", "--engine", str(engine_dir), "--image", str(EXAMPLE), "--max-tokens", "6", "--json",
                  "--mode", "ar"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == out["token_ids"]
