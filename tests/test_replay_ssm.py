@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ocria.models import gdn as R
+from ocria.models.gdn import causal_conv_verify, replay_verify
 from ocria.plugins.policy import ALL_KERNELS, DEFAULT_LAUNCH, REFERENCE, ExecutionPolicy, Launch
-from ocria.plugins.replay_ssm import reference as R
-from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 
 if "ocria.plugins.replay_ssm.kernel" in sys.modules:  # decorated earlier without the interpreter
     importlib.reload(sys.modules["ocria.plugins.replay_ssm.kernel"])
@@ -305,7 +305,7 @@ def test_nothing_pending_leaves_state_bit_identical():
         verify = list(verify)
         verify[12] = torch.zeros_like(verify[12])
         mine, theirs = [t.clone() for t in verify], [t.clone() for t in verify]
-        torch.testing.assert_close(replay_verify(*mine, policy=ALL_KERNELS), R.replay_verify_ref(*theirs),
+        torch.testing.assert_close(replay_verify(*mine, policy=ALL_KERNELS), R.replay_verify_reference(*theirs),
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
         assert torch.equal(mine[7], verify[7])
 
@@ -326,7 +326,8 @@ def _small_case(T=5, Tmax=8, B=2, S=4, Hk=1, Hv=2, D=16, C=12, KW=4):
 
 def test_kernel_and_reference_agree_on_buffers():
     verify, conv = _small_case()
-    cases = ((replay_verify, R.replay_verify_ref, verify), (causal_conv_verify, R.causal_conv_verify_ref, conv))
+    cases = ((replay_verify, R.replay_verify_reference, verify),
+             (causal_conv_verify, R.causal_conv_verify_reference, conv))
     for op, ref, args in cases:
         mine = [t.clone() for t in args]
         theirs = [t.clone() for t in args]
@@ -431,7 +432,7 @@ def test_warp_specialized_kernel_takes_default_verify_blocks_only(monkeypatch):
 
     def matches_reference(args, **launch):  # inputs as they are (a clone would make views dense), buffers copied
         mine, theirs = [*args[:7], *(t.clone() for t in args[7:])], [*args[:7], *(t.clone() for t in args[7:])]
-        torch.testing.assert_close(replay_verify_kernel(*mine, **launch), R.replay_verify_ref(*theirs),
+        torch.testing.assert_close(replay_verify_kernel(*mine, **launch), R.replay_verify_reference(*theirs),
                                    rtol=1e-4, atol=1e-5)  # fmt: skip
 
     matches_reference((*_as_fused_views(*verify[:5], unused=4), *verify[5:]))  # rows of 72: not divisible by 16

@@ -12,10 +12,9 @@ from PIL import Image
 
 from ocria.builder.engine import build_engine
 from ocria.errors import OcriaError
-from ocria.models import TargetCache
+from ocria.models import TargetCache, gdn
+from ocria.models.gdn import fold_pending
 from ocria.plugins.policy import ALL_KERNELS, AUTO, ExecutionPolicy
-from ocria.plugins.replay_ssm import ops as replay_ssm_ops
-from ocria.plugins.replay_ssm.reference import fold_pending
 from ocria.runtime import IncrementalDetokenizer, SamplingParams, load_engine
 from ocria.runtime.decode import prefill
 
@@ -212,7 +211,7 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
     real = plugged.drafter
     monkeypatch.setattr(real.config, "selector_threshold", 0.0)
     plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.7, seed=2)
-    folded, replay_verify = set(), replay_ssm_ops.replay_verify
+    folded, replay_verify = set(), gdn.replay_verify
     bind = inspect.signature(replay_verify).bind
 
     def recording(*args, **kwargs):  # what each verify call folds: its block length and pending counts
@@ -220,7 +219,7 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
         folded.update((named["q"].shape[1], n) for n in named["pending_len"][named["slot_ids"]].tolist())
         return replay_verify(*args, **kwargs)
 
-    monkeypatch.setattr(replay_ssm_ops, "replay_verify", recording)
+    monkeypatch.setattr(gdn, "replay_verify", recording)
     try:
         sched.add(prompt, params)
         got = []

@@ -16,9 +16,8 @@ from ocria.data import generate
 from ocria.data.splits import EVAL_SPLITS
 from ocria.errors import ConfigError, OcriaError
 from ocria.models import DFlash2Drafter, DrafterCache, OCRiaForConditionalGeneration
-from ocria.models.gdn import gated_delta_rule
+from ocria.models.gdn import delta_step, gated_delta_rule, l2norm
 from ocria.plugins.policy import REFERENCE
-from ocria.plugins.replay_ssm.reference import delta_step, l2norm
 from ocria.runtime.processor import Processor
 from ocria.train import checkpoint as ckpt
 from ocria.train.__main__ import main as train_main

@@ -6,7 +6,7 @@ shapes (the GPU path captures it in a CUDA graph). Per slot ``s``:
 - attention layers: ``k[l][s], v[l][s]`` [Hkv, max_len, D]; ``kv_len[s]`` committed tokens.
 - GDN layers: ``conv_buf[l][s]`` [K-1+Tmax, C] raw conv inputs, ``ssm[l][s]`` [Hv, Dk, Dv] fp32
   checkpoint state, and the ReplaySSM ring (``ring_k/u/g``) with the shared ``ring_phase`` and
-  ``pending_len`` cursor (see ``ocria.plugins.replay_ssm.reference``).
+  ``pending_len`` cursor (see ``ocria.models.gdn``).
 - ``rope_delta[s]``: mRoPE offset of text positions after the image (position = index + delta).
 - the drafter (``DrafterCache``): context K/V per layer and ``ctx_len[s]`` tokens injected.
 

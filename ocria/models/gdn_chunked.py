@@ -16,9 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ocria.plugins.replay_ssm.reference import l2norm
-
 DEFAULT_CHUNK = 64
+
+
+def l2norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """Same as flash-linear-attention / HF: ``x * rsqrt(sum(x^2) + eps)``."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 def chunk_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor,

@@ -13,7 +13,8 @@ from bench.ops.presets import text_config
 from bench.ops.ptxas import Sm90Build
 from bench.ops.registry import Floor, Inputs, OpBench, Shape, Tolerance, Variant, leading_rows, shape
 from bench.ops.switches import current, invariant, without
-from ocria.plugins.replay_ssm import reference as R
+from ocria.models import gdn as R
+from ocria.models.gdn import causal_conv_verify, replay_verify
 from ocria.plugins.replay_ssm.kernel import (
     PREFETCH_MAX_BLOCK_V,
     _verify_block_kernel,
@@ -21,7 +22,6 @@ from ocria.plugins.replay_ssm.kernel import (
     key_chunking,
     launch_config,
 )
-from ocria.plugins.replay_ssm.ops import causal_conv_verify, replay_verify
 
 TMAX = 16  # the ring's capacity: a verify block
 KW = 4  # the conv kernel width
@@ -136,7 +136,7 @@ def _replay_op(name: str, T: int) -> OpBench:
         variants["no_ws"] = Variant(without(_kernel, "replay_ssm_ws"))
     return OpBench(
         name=name, shapes=replay_shapes(T), inputs=replay_inputs, floor=replay_floor,
-        reference=partial(_call, R.replay_verify_ref), variants=variants, check=TF32, mutates=True,
+        reference=partial(_call, R.replay_verify_reference), variants=variants, check=TF32, mutates=True,
         rows=lambda i, r: leading_rows(i, r, ROW_INPUTS), ptxas={"no_ws" if T > 1 else "kernel": sm90_build})
 
 
@@ -144,7 +144,7 @@ BENCHES = (
     _replay_op("replay_ssm_verify", TMAX),
     _replay_op("replay_ssm_step", 1),
     OpBench(name="replay_ssm_conv", shapes=conv_shapes(), inputs=conv_inputs, floor=conv_floor,
-            reference=partial(_conv, R.causal_conv_verify_ref),
+            reference=partial(_conv, R.causal_conv_verify_reference),
             variants={"kernel": Variant(lambda i: _conv(partial(causal_conv_verify, policy=current()), i))},
             check=TF32, mutates=True, rows=lambda i, r: leading_rows(i, r, ("x", "slot_ids"))),
 )

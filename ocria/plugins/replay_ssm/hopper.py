@@ -1,9 +1,9 @@
 """Warp-specialized ReplaySSM verify for Hopper (Gluon): T > 1, bf16 inputs, Dk = 128, two value heads per key head.
 
-Same contract and effects as ``kernel.replay_verify_kernel`` (and ``reference.replay_verify_ref``), one launch per
-step instead of the prep kernel plus the block kernel. Why: on the H200 the block kernel's programs could neither hide
-the prep kernel's T x T work nor keep enough state loads in flight at moderate batch; here each CTA takes whole
-(batch row, key head) groups and splits the work among partitions that run side by side:
+Same contract and effects as ``kernel.replay_verify_kernel`` (and ``ocria.models.gdn.replay_verify_reference``), one
+launch per step instead of the prep kernel plus the block kernel. Why: on the H200 the block kernel's programs could
+neither hide the prep kernel's T x T work nor keep enough state loads in flight at moderate batch; here each CTA takes
+whole (batch row, key head) groups and splits the work among partitions that run side by side:
 
 - two state loaders (one warp each): TMA copies of the state's [32 keys, 64 columns] chunks into a 4-slot
   shared-memory ring per consumer (mbarriers ``full`` / ``empty``);

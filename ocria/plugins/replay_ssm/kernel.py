@@ -582,8 +582,8 @@ def replay_verify_kernel(
     max_registers: int | None = None, key_chunk: int | None = None, stages: int | None = None,
     launch: Launch = DEFAULT_LAUNCH,
 ) -> Tensor:  # fmt: skip
-    """Triton launch of ``replay_verify_ref`` (same arguments and effects); state and ring must be fp32.
-    ``block_v`` / ``num_warps`` / ``max_registers`` default to ``launch_config`` for this batch and device
+    """Triton launch of ``ocria.models.gdn.replay_verify_reference`` (same arguments and effects); state and ring
+    must be fp32. ``block_v`` / ``num_warps`` / ``max_registers`` default to ``launch_config`` for this batch and device
     (the register cap only when no tile is given), ``key_chunk`` / ``stages`` (T > 1) to ``key_chunking``."""
     B, T, Hk, Dk = k.shape
     Hv, Dv = v.shape[-2:]
@@ -666,7 +666,7 @@ def causal_conv_verify_kernel(
     x: Tensor, weight: Tensor, conv_buf: Tensor, pending_len: Tensor, slot_ids: Tensor, block_c: int = 128,
     launch: Launch = DEFAULT_LAUNCH,
 ) -> Tensor:
-    """Triton launch of ``causal_conv_verify_ref`` (same arguments and effects)."""
+    """Triton launch of ``ocria.models.gdn.causal_conv_verify_reference`` (same arguments and effects)."""
     B, T, C = x.shape
     KW = weight.shape[-1]
     L = conv_buf.shape[1]
