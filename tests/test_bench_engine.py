@@ -8,7 +8,6 @@ import sys
 import pytest
 import torch
 
-from ocria.builder.engine import build_engine
 from ocria.cli import main
 from ocria.data import generate
 
@@ -16,8 +15,8 @@ HEADER = ("benchmark", "command", "git", "time", "host", "device", "python", "to
 
 
 @pytest.fixture(scope="module")
-def mini(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("bench_engine") / "mini", progress=False)
+def mini(mini_engine):
+    return mini_engine
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from ocria.bench.scaling import Deployment, compare, plan, serve_command
-from ocria.builder.engine import build_engine
 from ocria.cli import main
 from ocria.errors import OcriaError
 from ocria.serving.process import ServeProcess
@@ -48,8 +47,8 @@ def test_compare_checks_ratio_shares_and_errors():
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("scaling") / "mini", progress=False)
+def engine(mini_engine):
+    return mini_engine
 
 
 def test_scaling_on_cpu_compares_one_dynamo_worker_with_two(engine, tmp_path, capsys):

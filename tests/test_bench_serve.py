@@ -306,13 +306,10 @@ def test_empty_images_dir_and_unreachable_server_exit_2_with_one_line(images, tm
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, mini_engine):
     """`ocria serve` on free loopback ports; yields its Ports."""
-    from ocria.builder.engine import build_engine
-
     tmp = tmp_path_factory.mktemp("bench-serve")
-    engine = build_engine(tmp / "mini", progress=False)
-    with serving(engine, tmp / "tritonserver.log", "--max-batch", "8") as srv:
+    with serving(mini_engine, tmp / "tritonserver.log", "--max-batch", "8") as srv:
         yield srv.ports
 
 

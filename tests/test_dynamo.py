@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ocria.builder.engine import build_engine
 from ocria.cli import main
 from ocria.errors import OcriaError
 from ocria.serving import dynamo_worker
@@ -77,8 +76,8 @@ class Frontend:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("dynamo") / "mini", progress=False)
+def engine(mini_engine):
+    return mini_engine
 
 
 @pytest.fixture(scope="module")

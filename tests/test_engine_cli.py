@@ -17,8 +17,8 @@ EXAMPLE = EXAMPLES / "report.png"
 
 
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("e") / "mini", progress=False)
+def engine_dir(mini_engine):
+    return mini_engine
 
 
 def test_default_build_is_fast_atomic_and_refuses_overwrite(tmp_path, capsys):

@@ -12,7 +12,6 @@ import torch
 from PIL import Image, ImageDraw
 from transformers import Qwen2VLImageProcessorPil
 
-from ocria.builder.engine import build_engine
 from ocria.cli import main
 from ocria.errors import RequestError
 from ocria.runtime.processor import MAX_PAGE_PIXELS, Processor, pixels_from_bytes
@@ -107,8 +106,8 @@ def test_what_cannot_be_a_page_is_refused_in_one_line(proc):
 
 
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("e") / "mini", progress=False)
+def engine_dir(mini_engine):
+    return mini_engine
 
 
 def test_run_json_reports_the_resize(engine_dir, tmp_path, capsys):

@@ -10,7 +10,6 @@ import pytest
 import torch
 from PIL import Image
 
-from ocria.builder.engine import build_engine
 from ocria.errors import OcriaError
 from ocria.models import TargetCache, gdn
 from ocria.models.gdn import fold_pending
@@ -24,9 +23,8 @@ EXAMPLES = sorted((REPO / "examples").glob("*.png"))
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    out = build_engine(tmp_path_factory.mktemp("eng") / "mini", progress=False)
-    return load_engine(out)
+def engine(mini_engine):
+    return load_engine(mini_engine)
 
 
 class NoisyOracle:
@@ -198,7 +196,8 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
     """The same losslessness with the ReplaySSM Triton kernels (Triton's interpreter on CPU), where every step
     costs seconds: the example at half size (77 prompt tokens, not 150), and the selector's threshold at 0 so the
     oracle's drafts decide each accepted length. A verify step costs its 16 tokens whatever it accepts; without the
-    threshold's early cuts, ten tokens take four steps, not eight, and the steps fold 0, 1 and 5 pending tokens."""
+    threshold's early cuts, and with the oracle's seed chosen for it, ten tokens take three steps, which fold 0, 1 and
+    2 pending tokens."""
     plugged = load_engine(engine.root, policy=ALL_KERNELS)
     assert plugged.plugins == "triton"
     params = requests(plugged, 1, 0.0)[0][1]
@@ -210,7 +209,7 @@ def test_spec_equals_ar_with_triton_plugins(engine, monkeypatch):
     sched = plugged.scheduler(max_batch_size=2)
     real = plugged.drafter
     monkeypatch.setattr(real.config, "selector_threshold", 0.0)
-    plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.7, seed=2)
+    plugged.drafter = NoisyOracle(real, sched, {0: ref}, 0.7, seed=0)
     folded, replay_verify = set(), gdn.replay_verify
     bind = inspect.signature(replay_verify).bind
 

@@ -4,15 +4,14 @@ where the machine lacks those GPUs (checked before any server starts)."""
 import pytest
 import torch
 
-from ocria.builder.engine import build_engine
 from ocria.cli import build_main, main
 from ocria.errors import OcriaError
 from ocria.serving.repo import RepoOptions, validate_repo, write_repo
 
 
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("e") / "mini", progress=False)
+def engine_dir(mini_engine):
+    return mini_engine
 
 
 def test_gpus_put_one_engine_instance_on_each_gpu(tmp_path, engine_dir, capsys):

@@ -17,7 +17,6 @@ import pytest
 from PIL import Image
 from servers import serving
 
-from ocria.builder.engine import build_engine
 from ocria.cli import main
 from ocria.serving.client import Client, ServerError, _input, request_inputs
 from ocria.serving.tritonserver import free_port
@@ -27,10 +26,9 @@ SAMPLING = dict(temperature=0.9, seed=7, max_tokens=24)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(tmp_path_factory, mini_engine):
     tmp = tmp_path_factory.mktemp("serve")
-    engine = build_engine(tmp / "mini", progress=False)
-    with serving(engine, tmp / "tritonserver.log", "--max-batch", "8") as srv:
+    with serving(mini_engine, tmp / "tritonserver.log", "--max-batch", "8") as srv:
         yield srv
 
 

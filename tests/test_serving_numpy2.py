@@ -21,7 +21,6 @@ import numpy
 import pytest
 from servers import serving
 
-from ocria.builder.engine import build_engine
 from ocria.serving.stub_env import overlay
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,8 +72,8 @@ def numpy1_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> Path:
-    return build_engine(tmp_path_factory.mktemp("np2") / "mini", progress=False)
+def engine(mini_engine) -> Path:
+    return mini_engine
 
 
 def test_ocria_serve_from_a_numpy2_environment_reads_every_byte(numpy2_python, numpy1_dir, engine, tmp_path):

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from ocria.builder.engine import build_engine
 from ocria.cli import build_main
 from ocria.errors import ConfigError, OcriaError, RequestError
 from ocria.runtime import SamplingParams, load_engine
@@ -20,8 +19,8 @@ EXAMPLE = Path(__file__).parent.parent / "examples" / "report.png"
 
 
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("e") / "mini", progress=False)
+def engine_dir(mini_engine):
+    return mini_engine
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import pytest
 import yaml
 
 from ocria.builder.dflash_export import export_plain_dflash
-from ocria.builder.engine import build_engine
 from ocria.cli import build_main
 from ocria.errors import CheckpointError, ConfigError, OcriaError
 from ocria.models.config import DrafterConfig
@@ -30,8 +29,8 @@ pytest.importorskip("tritonclient.grpc")
 
 
 @pytest.fixture(scope="module")
-def engine_dir(tmp_path_factory):
-    return build_engine(tmp_path_factory.mktemp("e") / "mini", progress=False)
+def engine_dir(mini_engine):
+    return mini_engine
 
 
 @pytest.fixture
