@@ -81,16 +81,19 @@ def expand_heads(x: Tensor, num_v_heads: int) -> Tensor:
     return x.repeat_interleave(num_v_heads // x.shape[-2], dim=-2)
 
 
-def fold_pending(
-    state: Tensor,
-    ring_k: Tensor,
-    ring_u: Tensor,
-    ring_g: Tensor,
-    ring_phase: Tensor,
-    pending_len: Tensor,
-    slot_ids: Tensor,
-) -> Tensor:
-    """Return the states of ``slot_ids`` with their pending tokens applied (does not write)."""
+def fold_pending(state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor, ring_phase: Tensor,
+                 pending_len: Tensor, slot_ids: Tensor) -> Tensor:
+    """The states of ``slot_ids`` with their pending tokens applied (nothing is written).
+
+    Args:
+        state: [S, Hv, Dk, Dv] checkpoints.
+        ring_k, ring_u, ring_g: [S, 2, Tmax, Hk, Dk] / [S, 2, Tmax, Hv, Dv] / [S, 2, Tmax, Hv] parked tokens.
+        ring_phase, pending_len: [S] int32: the half holding each slot's pending tokens, and how many there are.
+        slot_ids: [B] long.
+
+    Returns:
+        [B, Hv, Dk, Dv] in fp32 (fp64 for an fp64 state).
+    """
     compute_dtype = torch.float64 if state.dtype == torch.float64 else torch.float32
     S = state[slot_ids].to(compute_dtype)
     phase = ring_phase[slot_ids].long()
@@ -105,21 +108,10 @@ def fold_pending(
 
 
 def replay_verify_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    b: Tensor,
-    A_log: Tensor,
-    dt_bias: Tensor,
-    state: Tensor,
-    ring_k: Tensor,
-    ring_u: Tensor,
-    ring_g: Tensor,
-    ring_phase: Tensor,
-    pending_len: Tensor,
-    slot_ids: Tensor,
-) -> Tensor:
+    q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, A_log: Tensor, dt_bias: Tensor,
+    state: Tensor, ring_k: Tensor, ring_u: Tensor, ring_g: Tensor,
+    ring_phase: Tensor, pending_len: Tensor, slot_ids: Tensor,
+) -> Tensor:  # fmt: skip
     """Verify T new tokens per sequence; returns o [B, T, Hv, Dv] in v's dtype.
 
     q, k [B, T, Hk, Dk] and v [B, T, Hv, Dv] are the conv+SiLU outputs (q/k not yet normalised);
