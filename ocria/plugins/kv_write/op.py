@@ -1,5 +1,5 @@
 """``torch.library`` operator ``ocria::kv_write`` (it mutates the caches) and the function attention layers
-call, with the plugins' switch (None: the Triton kernel on CUDA, the reference elsewhere)."""
+call; the execution policy picks the Triton kernel or the reference (``policy.uses``)."""
 
 import torch
 from torch import Tensor

@@ -1,5 +1,5 @@
-"""``torch.library`` operator ``ocria::sigmoid_gate`` and the function the attention layers call, with the
-plugins' switch (None: the Triton kernel on CUDA, the reference elsewhere)."""
+"""``torch.library`` operator ``ocria::sigmoid_gate`` and the function the attention layers call; the execution
+policy picks the Triton kernel or the reference (``policy.uses``)."""
 
 import torch
 from torch import Tensor
