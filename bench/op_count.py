@@ -27,7 +27,7 @@ from ocria.bench.results import result_header, write_json  # noqa: E402
 from ocria.builder.presets import load_preset, random_models  # noqa: E402
 from ocria.data import generate  # noqa: E402
 from ocria.models import DrafterCache, TargetCache  # noqa: E402
-from ocria.plugins.policy import ALL_KERNELS, REFERENCE  # noqa: E402
+from ocria.plugins.policy import ExecutionPolicy  # noqa: E402
 from ocria.runtime.decode import SamplingTensors, decode_step, prefill  # noqa: E402
 from ocria.runtime.processor import Processor  # noqa: E402
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     target, drafter = random_models(preset, "cpu", torch.bfloat16)
     target.text.fuse_projections()
     drafter.fuse_projections()
-    policy = ALL_KERNELS if args.plugins == "on" else REFERENCE
+    policy = ExecutionPolicy.from_env(args.plugins)  # on: every kernel, less those OCRIA_DISABLE_KERNELS names
     buf = io.BytesIO()
     generate(7, kind="line").image.save(buf, format="PNG")
     prompt = Processor(preset.assets).prepare(buf.getvalue())
