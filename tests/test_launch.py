@@ -13,9 +13,9 @@ from ocria.plugins.policy import ALL_KERNELS, AUTO, ExecutionPolicy, Launch
 def test_pdl_is_opt_in_and_needs_hopper(monkeypatch):
     cuda = torch.device("cuda")
     monkeypatch.setattr(launch, "capability", lambda index: (9, 0))
-    assert Launch.PDL not in AUTO.launch()
-    assert launch.pdl_args(cuda, AUTO.launch()) == {"PDL": False, "launch_pdl": False}
-    pdl = ExecutionPolicy.from_env(environ={"OCRIA_PDL": "1"}).launch()
+    assert Launch.PDL not in AUTO.launch
+    assert launch.pdl_args(cuda, AUTO.launch) == {"PDL": False, "launch_pdl": False}
+    pdl = ExecutionPolicy.from_env(environ={"OCRIA_PDL": "1"}).launch
     assert launch.pdl_args(cuda, pdl) == {"PDL": True, "launch_pdl": True}
     assert launch.pdl_args(torch.device("cpu"), pdl) == {"PDL": False, "launch_pdl": False}
     monkeypatch.setattr(launch, "capability", lambda index: (8, 9))  # Ada: no griddepcontrol

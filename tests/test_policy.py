@@ -69,20 +69,20 @@ def test_bad_values_are_refused_by_name(monkeypatch):
 
 def test_decode_steps_get_batch_invariant_launches():
     step = AUTO.for_steps()
-    assert step.invariant_rows and Launch.INVARIANT in step.launch() and Launch.INVARIANT not in AUTO.launch()
+    assert step.invariant_rows and Launch.INVARIANT in step.launch and Launch.INVARIANT not in AUTO.launch
     off = ExecutionPolicy.from_env(environ={"OCRIA_BATCH_INVARIANT": "0"})
     assert not off.batch_invariant and not off.for_steps().invariant_rows
-    assert Launch.INVARIANT not in off.for_steps().launch()
+    assert Launch.INVARIANT not in off.for_steps().launch
 
 
 def test_launch_flags_carry_pdl_and_the_code_paths():
-    assert AUTO.launch() == Launch.NVFP4_PTX | Launch.NVFP4_GEMV | Launch.REPLAY_SSM_WS
-    assert Launch.PDL in ExecutionPolicy.from_env(environ={"OCRIA_PDL": "1"}).launch()
-    flags = replace(AUTO, disabled=frozenset({"nvfp4_ptx", "replay_ssm_ws"})).launch()
+    assert AUTO.launch == Launch.NVFP4_PTX | Launch.NVFP4_GEMV | Launch.REPLAY_SSM_WS
+    assert Launch.PDL in ExecutionPolicy.from_env(environ={"OCRIA_PDL": "1"}).launch
+    flags = replace(AUTO, disabled=frozenset({"nvfp4_ptx", "replay_ssm_ws"})).launch
     assert flags == Launch.NVFP4_GEMV and Launch(int(flags)) == flags  # operators take it as one int
     # PTX dequantization is a default path: disabling it by name (the way back to integer unpacking) parses, and it
     # cannot be named as opt-in
-    assert Launch.NVFP4_PTX not in ExecutionPolicy.from_env(environ={"OCRIA_DISABLE_KERNELS": "nvfp4_ptx"}).launch()
+    assert Launch.NVFP4_PTX not in ExecutionPolicy.from_env(environ={"OCRIA_DISABLE_KERNELS": "nvfp4_ptx"}).launch
     with pytest.raises(OcriaError, match="unknown kernel 'nvfp4_ptx'"):
         ExecutionPolicy.from_env(environ={"OCRIA_ENABLE_KERNELS": "nvfp4_ptx"})
 

@@ -122,7 +122,7 @@ def test_nvfp4_rows_are_batch_invariant_in_a_verify_step(monkeypatch):
     packed, scales, gs = _nvfp4_weight(80, 48, seed=9)
     x = torch.randn(40, 48, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
     assert default_config(40, 80)["BLOCK_M"] != default_config(1, 80)["BLOCK_M"]
-    step = ALL_KERNELS.for_steps().launch()
+    step = ALL_KERNELS.for_steps().launch
     full = nvfp4_gemm_triton(x, packed, scales, gs, launch=step)
     for m in (0, 21, 39):
         assert torch.equal(nvfp4_gemm_triton(x[m:m + 1], packed, scales, gs, launch=step)[0], full[m])

@@ -195,7 +195,7 @@ def replay_verify(
     """
     args = (q, k, v, a, b, A_log, dt_bias, state, ring_k, ring_u, ring_g, ring_phase, pending_len, slot_ids)
     if policy.uses("replay_ssm", q.device):
-        return torch.ops.ocria.replay_verify(*args, int(policy.launch()))
+        return torch.ops.ocria.replay_verify(*args, int(policy.launch))
     return replay_verify_reference(*args)
 
 
@@ -217,7 +217,7 @@ def causal_conv_verify(
         y [B, T, C] in x's dtype.
     """
     if policy.uses("replay_ssm", x.device):
-        return torch.ops.ocria.causal_conv_verify(x, weight, conv_buf, pending_len, slot_ids, int(policy.launch()))
+        return torch.ops.ocria.causal_conv_verify(x, weight, conv_buf, pending_len, slot_ids, int(policy.launch))
     return causal_conv_verify_reference(x, weight, conv_buf, pending_len, slot_ids)
 
 

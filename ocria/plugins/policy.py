@@ -17,6 +17,7 @@ import enum
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import torch
 
@@ -119,8 +120,9 @@ class ExecutionPolicy:
         """Whether the ops run Triton kernels on ``device`` at all (``on``, or ``auto`` on CUDA)."""
         return self.kernels is KernelMode.ON or (self.kernels is KernelMode.AUTO and device.type == "cuda")
 
+    @cached_property
     def launch(self) -> Launch:
-        """The ``Launch`` flags of this policy's kernel launches."""
+        """The ``Launch`` flags of this policy's kernel launches (worked out once: every op call passes them)."""
         flags = Launch.NONE
         if self.invariant_rows:
             flags |= Launch.INVARIANT

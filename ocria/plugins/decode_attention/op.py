@@ -42,5 +42,5 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor,
     """
     if policy.uses("decode_attention", q.device) and supports(q, k_cache):
         return torch.ops.ocria.decode_attention(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block,
-                                                int(policy.launch()))
+                                                int(policy.launch))
     return decode_attention_reference(q, k_cache, v_cache, slots, start, attn_len, scale, causal_block)

@@ -45,7 +45,7 @@ def decode_gemm(x: Tensor, weight: Tensor, bias: Tensor | None = None, policy: E
         [..., N] in x's dtype, or float32 with ``out_fp32``.
     """
     if _kernel_takes(x, weight, policy) and policy.uses("decode_gemm", x.device):
-        return torch.ops.ocria.decode_gemm(x, weight, bias, out_fp32, int(policy.launch()))
+        return torch.ops.ocria.decode_gemm(x, weight, bias, out_fp32, int(policy.launch))
     return decode_gemm_reference(x, weight, bias, out_fp32)
 
 
@@ -82,7 +82,7 @@ def decode_gemm_norm(x: Tensor, residual: Tensor | None, norm_weight: Tensor, ep
             and norm_weight.shape == (x.shape[-1],) and weight.shape[1] == x.shape[-1]
             and (residual is None or (residual.shape == x.shape and residual.dtype == x.dtype)))
     if fits and all(policy.uses(name, x.device) for name in ("decode_gemm_norm", "decode_gemm", "rms_norm")):
-        return torch.ops.ocria.decode_gemm_norm(x, residual, norm_weight, eps, weight, int(policy.launch()))
+        return torch.ops.ocria.decode_gemm_norm(x, residual, norm_weight, eps, weight, int(policy.launch))
     return None
 
 
@@ -117,5 +117,5 @@ def decode_gemm_fp8(q: Tensor, weight: Tensor, x_scale: Tensor, w_scale: Tensor,
         [..., N] bf16 (float32 with ``out_fp32``), or None.
     """
     if _kernel_takes(q, weight, policy, torch.float8_e4m3fn) and policy.uses("decode_gemm_fp8", q.device):
-        return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias, out_fp32, int(policy.launch()))
+        return torch.ops.ocria.decode_gemm_fp8(q, weight, x_scale, w_scale, bias, out_fp32, int(policy.launch))
     return None

@@ -36,4 +36,4 @@ def nvfp4_gemm(x: Tensor, weight: Tensor, weight_scale: Tensor, weight_scale_2: 
     """
     if not policy.uses("nvfp4_gemm", x.device):
         return nvfp4_gemm_reference(x, weight, weight_scale, weight_scale_2)
-    return torch.ops.ocria.nvfp4_gemm(x, weight, weight_scale, weight_scale_2, int(policy.launch()))
+    return torch.ops.ocria.nvfp4_gemm(x, weight, weight_scale, weight_scale_2, int(policy.launch))

@@ -57,4 +57,4 @@ def prologue_gemm(kind: Prologue, a: Tensor, b: Tensor, weight: Tensor, norm_wei
                                        prologue_config(*weight.shape)) is not None:
         return None
     return torch.ops.ocria.prologue_gemm(a, b, weight, norm_weight, eps, int(kind), x_mode, x_scale, w_scale,
-                                         int(policy.launch()))
+                                         int(policy.launch))

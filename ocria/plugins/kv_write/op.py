@@ -32,6 +32,6 @@ def kv_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, rows: Tenso
         policy: which implementation runs (``policy.uses``) and how its kernel launches.
     """
     if policy.uses("kv_write", k.device) and supports(k_cache, v_cache, k, v):
-        torch.ops.ocria.kv_write(k_cache, v_cache, k, v, rows, pos, int(policy.launch()))
+        torch.ops.ocria.kv_write(k_cache, v_cache, k, v, rows, pos, int(policy.launch))
     else:
         kv_write_reference(k_cache, v_cache, k, v, rows, pos)

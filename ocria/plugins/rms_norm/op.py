@@ -39,8 +39,8 @@ def _plain_rms_norm_op(x: Tensor, weight: Tensor, eps: float, launch: int) -> Te
 
 
 @torch.library.custom_op("ocria::add_plain_rms_norm", mutates_args=())
-def _add_plain_rms_norm_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float, launch: int) -> tuple[Tensor,
-                                                                                                          Tensor]:
+def _add_plain_rms_norm_op(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                           launch: int) -> tuple[Tensor, Tensor]:
     out_sum = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return out_sum, rms_norm_triton(x, weight, eps, residual=residual, out_sum=out_sum, plain=True,
                                     launch=Launch(launch))
@@ -94,8 +94,8 @@ def _(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset: float, mo
 
 
 @_gated_rms_norm_fp8_op.register_fake
-def _(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None, launch: int) -> tuple[Tensor,
-                                                                                                               Tensor]:
+def _(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: str, scale: Tensor | None,
+      launch: int) -> tuple[Tensor, Tensor]:
     return _fp8_fake(x, True, mode)
 
 
@@ -152,7 +152,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, policy:
         [..., D] in x's dtype.
     """
     if _use_kernel(x, (weight,), policy):
-        return torch.ops.ocria.rms_norm(x, weight, eps, offset, int(policy.launch()))
+        return torch.ops.ocria.rms_norm(x, weight, eps, offset, int(policy.launch))
     return rms_norm_reference(x, weight, eps, offset)
 
 
@@ -173,7 +173,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset
         (s, norm(s)) with ``s = x + residual``, each [..., D].
     """
     if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), policy):  # mixed: autocast's promotion
-        return torch.ops.ocria.add_rms_norm(x, residual, weight, eps, offset, int(policy.launch()))
+        return torch.ops.ocria.add_rms_norm(x, residual, weight, eps, offset, int(policy.launch))
     return add_rms_norm_reference(x, residual, weight, eps, offset)
 
 
@@ -191,7 +191,7 @@ def plain_rms_norm(x: Tensor, weight: Tensor, eps: float, policy: ExecutionPolic
         [..., D] in the promoted dtype of x and weight.
     """
     if torch.promote_types(weight.dtype, x.dtype) == x.dtype and _use_kernel(x, (weight,), policy):
-        return torch.ops.ocria.plain_rms_norm(x, weight, eps, int(policy.launch()))
+        return torch.ops.ocria.plain_rms_norm(x, weight, eps, int(policy.launch))
     return plain_rms_norm_reference(x, weight, eps)
 
 
@@ -212,7 +212,7 @@ def add_plain_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
     """
     if (x.dtype == residual.dtype and torch.promote_types(weight.dtype, x.dtype) == x.dtype
             and _use_kernel(x, (residual, weight), policy)):
-        return torch.ops.ocria.add_plain_rms_norm(x, residual, weight, eps, int(policy.launch()))
+        return torch.ops.ocria.add_plain_rms_norm(x, residual, weight, eps, int(policy.launch))
     return add_plain_rms_norm_reference(x, residual, weight, eps)
 
 
@@ -237,7 +237,7 @@ def rms_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: floa
     same = cos.dtype == x.dtype and sin.dtype == x.dtype
     if (same and (not plain or torch.promote_types(weight.dtype, x.dtype) == x.dtype)
             and _use_kernel(x, (weight, cos, sin), policy)):
-        return torch.ops.ocria.rms_norm_rope(x, weight, cos, sin, eps, offset, plain, int(policy.launch()))
+        return torch.ops.ocria.rms_norm_rope(x, weight, cos, sin, eps, offset, plain, int(policy.launch))
     return rms_norm_rope_reference(x, weight, cos, sin, eps, offset, plain)
 
 
@@ -255,7 +255,7 @@ def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, policy: Exe
         [..., H, D] in x's dtype.
     """
     if _use_kernel(x, (z, weight), policy):
-        return torch.ops.ocria.gated_rms_norm(x, z, weight, eps, int(policy.launch()))
+        return torch.ops.ocria.gated_rms_norm(x, z, weight, eps, int(policy.launch))
     return gated_rms_norm_reference(x, z, weight, eps)
 
 
@@ -294,7 +294,7 @@ def add_rms_norm_fp8(x: Tensor, residual: Tensor, weight: Tensor, eps: float, of
     """
     if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), policy):
         s, y, q, tokens = torch.ops.ocria.add_rms_norm_fp8(x, residual, weight, eps, offset, mode, scale,
-                                                           int(policy.launch()))
+                                                           int(policy.launch))
         return s, y, q, tokens if mode == "fp8_dynamic" else None
     s, y = add_rms_norm_reference(x, residual, weight, eps, offset)
     return (s, y, *fp8_reference(y, mode, scale))
@@ -320,6 +320,6 @@ def gated_rms_norm_fp8(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: s
     heads = x.shape[-2]
     if (heads & (heads - 1) == 0 and heads * triton.next_power_of_2(x.shape[-1]) <= MAX_WIDTH
             and _use_kernel(x, (z, weight), policy)):
-        q, tokens = torch.ops.ocria.gated_rms_norm_fp8(x, z, weight, eps, mode, scale, int(policy.launch()))
+        q, tokens = torch.ops.ocria.gated_rms_norm_fp8(x, z, weight, eps, mode, scale, int(policy.launch))
         return q, tokens if mode == "fp8_dynamic" else None
     return fp8_reference(gated_rms_norm_reference(x, z, weight, eps), mode, scale, gated=True)

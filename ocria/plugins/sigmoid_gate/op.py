@@ -31,5 +31,5 @@ def sigmoid_gate(o: Tensor, gate: Tensor, policy: ExecutionPolicy = AUTO) -> Ten
         [..., H * D] in o's dtype.
     """
     if policy.uses("sigmoid_gate", o.device) and supports(o, gate):
-        return torch.ops.ocria.sigmoid_gate(o, gate, int(policy.launch()))
+        return torch.ops.ocria.sigmoid_gate(o, gate, int(policy.launch))
     return sigmoid_gate_reference(o, gate)

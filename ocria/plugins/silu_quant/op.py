@@ -78,7 +78,7 @@ def silu_mul_quant(
     """
     if not policy.uses("silu_quant", gate_up.device):
         return silu_mul_quant_reference(gate_up, mode, scale)
-    out, scales = torch.ops.ocria.silu_mul_quant(gate_up, mode, scale, int(policy.launch()))
+    out, scales = torch.ops.ocria.silu_mul_quant(gate_up, mode, scale, int(policy.launch))
     return out, _scales_of(mode, scales)
 
 
@@ -98,5 +98,5 @@ def quantize_act(
     """
     if not policy.uses("silu_quant", x.device):
         return quantize_act_reference(x, mode, scale)
-    out, scales = torch.ops.ocria.quantize_act(x, mode, scale, int(policy.launch()))
+    out, scales = torch.ops.ocria.quantize_act(x, mode, scale, int(policy.launch))
     return out, _scales_of(mode, scales)
