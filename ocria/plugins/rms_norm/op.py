@@ -132,7 +132,8 @@ def _(x: Tensor, z: Tensor, weight: Tensor, eps: float, launch: int) -> Tensor:
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _use_kernel(x: Tensor, params: tuple[Tensor, ...], policy: ExecutionPolicy) -> bool:
+def _runs_kernel(x: Tensor, params: tuple[Tensor, ...], policy: ExecutionPolicy) -> bool:
+    """Whether the norm kernel runs: the policy uses it and no input needs a gradient (the kernel has no backward)."""
     if torch.is_grad_enabled() and any(t.requires_grad for t in (x, *params)):
         return False
     return policy.uses("rms_norm", x.device)
@@ -151,7 +152,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0, policy:
     Returns:
         [..., D] in x's dtype.
     """
-    if _use_kernel(x, (weight,), policy):
+    if _runs_kernel(x, (weight,), policy):
         return torch.ops.ocria.rms_norm(x, weight, eps, offset, int(policy.launch))
     return rms_norm_reference(x, weight, eps, offset)
 
@@ -172,7 +173,7 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, offset
     Returns:
         (s, norm(s)) with ``s = x + residual``, each [..., D].
     """
-    if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), policy):  # mixed: autocast's promotion
+    if x.dtype == residual.dtype and _runs_kernel(x, (residual, weight), policy):  # mixed: autocast's promotion
         return torch.ops.ocria.add_rms_norm(x, residual, weight, eps, offset, int(policy.launch))
     return add_rms_norm_reference(x, residual, weight, eps, offset)
 
@@ -190,7 +191,7 @@ def plain_rms_norm(x: Tensor, weight: Tensor, eps: float, policy: ExecutionPolic
     Returns:
         [..., D] in the promoted dtype of x and weight.
     """
-    if torch.promote_types(weight.dtype, x.dtype) == x.dtype and _use_kernel(x, (weight,), policy):
+    if torch.promote_types(weight.dtype, x.dtype) == x.dtype and _runs_kernel(x, (weight,), policy):
         return torch.ops.ocria.plain_rms_norm(x, weight, eps, int(policy.launch))
     return plain_rms_norm_reference(x, weight, eps)
 
@@ -211,7 +212,7 @@ def add_plain_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
         (s, plain_rms_norm(s)) with ``s = x + residual``, each [..., D].
     """
     if (x.dtype == residual.dtype and torch.promote_types(weight.dtype, x.dtype) == x.dtype
-            and _use_kernel(x, (residual, weight), policy)):
+            and _runs_kernel(x, (residual, weight), policy)):
         return torch.ops.ocria.add_plain_rms_norm(x, residual, weight, eps, int(policy.launch))
     return add_plain_rms_norm_reference(x, residual, weight, eps)
 
@@ -236,7 +237,7 @@ def rms_norm_rope(x: Tensor, weight: Tensor, cos: Tensor, sin: Tensor, eps: floa
     """
     same = cos.dtype == x.dtype and sin.dtype == x.dtype
     if (same and (not plain or torch.promote_types(weight.dtype, x.dtype) == x.dtype)
-            and _use_kernel(x, (weight, cos, sin), policy)):
+            and _runs_kernel(x, (weight, cos, sin), policy)):
         return torch.ops.ocria.rms_norm_rope(x, weight, cos, sin, eps, offset, plain, int(policy.launch))
     return rms_norm_rope_reference(x, weight, cos, sin, eps, offset, plain)
 
@@ -254,7 +255,7 @@ def gated_rms_norm(x: Tensor, z: Tensor, weight: Tensor, eps: float, policy: Exe
     Returns:
         [..., H, D] in x's dtype.
     """
-    if _use_kernel(x, (z, weight), policy):
+    if _runs_kernel(x, (z, weight), policy):
         return torch.ops.ocria.gated_rms_norm(x, z, weight, eps, int(policy.launch))
     return gated_rms_norm_reference(x, z, weight, eps)
 
@@ -292,7 +293,7 @@ def add_rms_norm_fp8(x: Tensor, residual: Tensor, weight: Tensor, eps: float, of
     Returns:
         (s [..., D], y [..., D], q float8_e4m3fn [..., D], per-token scales fp32 [..., 1] or None).
     """
-    if x.dtype == residual.dtype and _use_kernel(x, (residual, weight), policy):
+    if x.dtype == residual.dtype and _runs_kernel(x, (residual, weight), policy):
         s, y, q, tokens = torch.ops.ocria.add_rms_norm_fp8(x, residual, weight, eps, offset, mode, scale,
                                                            int(policy.launch))
         return s, y, q, tokens if mode == "fp8_dynamic" else None
@@ -319,7 +320,7 @@ def gated_rms_norm_fp8(x: Tensor, z: Tensor, weight: Tensor, eps: float, mode: s
     """
     heads = x.shape[-2]
     if (heads & (heads - 1) == 0 and heads * triton.next_power_of_2(x.shape[-1]) <= MAX_WIDTH
-            and _use_kernel(x, (z, weight), policy)):
+            and _runs_kernel(x, (z, weight), policy)):
         q, tokens = torch.ops.ocria.gated_rms_norm_fp8(x, z, weight, eps, mode, scale, int(policy.launch))
         return q, tokens if mode == "fp8_dynamic" else None
     return fp8_reference(gated_rms_norm_reference(x, z, weight, eps), mode, scale, gated=True)
